@@ -1,0 +1,159 @@
+// Python end of the channel and registry: thin glue over channel.h. Every
+// call that can wait releases the GIL first.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "channel.h"
+#include "tf_compat.h"
+
+namespace py = pybind11;
+
+namespace tfray {
+namespace {
+
+// Reads one batch's arrays (under the GIL). The arrays stay alive through
+// the Python pin that `token` names, not through this struct.
+Batch ToBatch(const py::list& arrays, const std::vector<int>& dtypes,
+              uint64_t token) {
+  if (arrays.size() != dtypes.size()) {
+    throw py::value_error("arrays and dtypes differ in length");
+  }
+  Batch batch;
+  batch.token = std::make_shared<ReleaseToken>(ReleaseQueue::Global(), token);
+  batch.arrays.reserve(arrays.size());
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    auto a = py::reinterpret_borrow<py::array>(arrays[i]);
+    if (!(a.flags() & py::array::c_style)) {
+      throw py::value_error("array is not C-contiguous");
+    }
+    ArrayRef ref;
+    ref.data = a.data();
+    ref.nbytes = static_cast<size_t>(a.nbytes());
+    ref.dtype = dtypes[i];
+    ref.shape.assign(a.shape(), a.shape() + a.ndim());
+    batch.arrays.push_back(std::move(ref));
+  }
+  return batch;
+}
+
+py::dict StatsDict(const ChannelStats& s) {
+  py::dict d;
+  d["batches_pushed"] = s.batches_pushed;
+  d["bytes_pushed"] = s.bytes_pushed;
+  d["batches_delivered"] = s.batches_delivered;
+  d["bytes_delivered"] = s.bytes_delivered;
+  d["bytes_copied"] = s.bytes_copied;
+  d["arrays_copied"] = s.arrays_copied;
+  d["get_next_calls"] = s.get_next_calls;
+  d["consumer_wait_s"] = s.consumer_wait_ns * 1e-9;
+  d["producer_wait_s"] = s.producer_wait_ns * 1e-9;
+  d["queued"] = s.queued;
+  d["closed"] = s.closed;
+  d["cancelled"] = s.cancelled;
+  return d;
+}
+
+}  // namespace
+}  // namespace tfray
+
+PYBIND11_MODULE(_native, m) {
+  using tfray::Channel;
+  m.doc() = "tfray's native channel, registry and release queue.";
+
+  py::class_<Channel, std::shared_ptr<Channel>>(m, "Channel")
+      .def(py::init<size_t>(), py::arg("capacity"))
+      .def(
+          "push",
+          [](Channel& self, const py::list& batches,
+             const std::vector<int>& dtypes) {
+            // Each entry: (arrays, token, bytes_copied, arrays_copied).
+            struct Pending {
+              tfray::Batch batch;
+              int64_t bytes_copied, arrays_copied;
+            };
+            std::vector<Pending> pending;
+            pending.reserve(batches.size());
+            for (const auto& entry : batches) {
+              auto t = py::reinterpret_borrow<py::tuple>(entry);
+              pending.push_back(
+                  {tfray::ToBatch(t[0].cast<py::list>(), dtypes,
+                                  t[1].cast<uint64_t>()),
+                   t[2].cast<int64_t>(), t[3].cast<int64_t>()});
+            }
+            py::gil_scoped_release release;
+            size_t pushed = 0;
+            for (auto& p : pending) {
+              if (self.Push(std::move(p.batch), /*timeout_s=*/-1,
+                            p.bytes_copied,
+                            p.arrays_copied) != Channel::PushResult::kOk) {
+                break;
+              }
+              ++pushed;
+            }
+            // Only a cancel stops early; batches not pushed release their
+            // tokens here, GIL-free, and are never pushed again.
+            pending.clear();
+            return pushed;
+          },
+          py::arg("batches"), py::arg("dtypes"),
+          "Pushes (arrays, token, bytes_copied, arrays_copied) entries in "
+          "order, waiting for room; returns how many went in before the "
+          "consumer cancelled.")
+      .def(
+          "push_error",
+          [](Channel& self, int code, std::string message) {
+            py::gil_scoped_release release;
+            return self.PushError(static_cast<tfray::Code>(code),
+                                  std::move(message),
+                                  /*timeout_s=*/-1) == Channel::PushResult::kOk;
+          },
+          py::arg("code"), py::arg("message"),
+          "Queues an error after the batches; False if the consumer is gone.")
+      .def("close", &Channel::Close)
+      .def("cancel", &Channel::Cancel)
+      .def_property_readonly("cancelled", &Channel::cancelled)
+      .def_property_readonly("capacity", &Channel::capacity)
+      .def("stats", [](const Channel& self) {
+        return tfray::StatsDict(self.Stats());
+      });
+
+  m.def(
+      "register_source",
+      [](int64_t key, int64_t cardinality, size_t capacity) {
+        tfray::SourceRegistry::Global().Register(
+            key, tfray::SourceRegistry::SourceInfo{cardinality, capacity});
+      },
+      py::arg("key"), py::arg("cardinality"), py::arg("capacity"));
+  m.def("unregister_source", [](int64_t key) {
+    tfray::SourceRegistry::Global().Unregister(key);
+  });
+  m.def(
+      "wait_requests",
+      [](double timeout) {
+        std::vector<tfray::SourceRegistry::Request> requests;
+        {
+          py::gil_scoped_release release;
+          requests = tfray::SourceRegistry::Global().WaitRequests(timeout);
+        }
+        py::list out;
+        for (auto& r : requests) out.append(py::make_tuple(r.key, r.channel));
+        return out;
+      },
+      py::arg("timeout"),
+      "Waits for new-epoch requests from TF iterators: [(key, Channel)].");
+  m.def(
+      "drain_released",
+      [](double timeout) {
+        py::gil_scoped_release release;
+        return tfray::ReleaseQueue::Global()->Drain(timeout);
+      },
+      py::arg("timeout"), "Waits for and returns released token ids.");
+  m.def("built_tf_version", [] { return std::string(TFRAY_BUILT_TF_VERSION); });
+  m.attr("TENSOR_ALIGNMENT") = TFRAY_TENSOR_ALIGNMENT;
+}

@@ -1,0 +1,200 @@
+#include "channel.h"
+
+#include <utility>
+
+namespace tfray {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t ElapsedNs(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() -
+                                                              start)
+      .count();
+}
+
+// Waits on `cv` until `ready()`; a negative timeout waits without limit.
+template <typename Pred>
+bool WaitFor(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+             double timeout_s, Pred ready) {
+  if (timeout_s < 0) {
+    cv.wait(lock, ready);
+    return true;
+  }
+  return cv.wait_for(lock, std::chrono::duration<double>(timeout_s), ready);
+}
+
+}  // namespace
+
+std::shared_ptr<ReleaseQueue> ReleaseQueue::Global() {
+  // Leaked on purpose: tensors may be freed by TF threads during interpreter
+  // and static teardown, after any static destructor would have run.
+  static auto* queue = new std::shared_ptr<ReleaseQueue>(new ReleaseQueue);
+  return *queue;
+}
+
+void ReleaseQueue::Release(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_.push_back(id);
+  }
+  cv_.notify_one();
+}
+
+std::vector<uint64_t> ReleaseQueue::Drain(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  WaitFor(cv_, lock, timeout_s, [this] { return !released_.empty(); });
+  std::vector<uint64_t> out;
+  out.swap(released_);
+  return out;
+}
+
+Channel::Channel(size_t capacity) : capacity_(capacity == 0 ? 1 : capacity) {}
+
+Channel::~Channel() { Cancel(); }
+
+Channel::PushResult Channel::Push(Batch batch, double timeout_s,
+                                  int64_t bytes_copied, int64_t arrays_copied) {
+  Item item;
+  for (const ArrayRef& a : batch.arrays) item.bytes += a.nbytes;
+  item.batch = std::move(batch);
+  return PushItem(std::move(item), timeout_s, bytes_copied, arrays_copied);
+}
+
+Channel::PushResult Channel::PushError(Code code, std::string message,
+                                       double timeout_s) {
+  Item item;
+  item.code = code == Code::kOk ? Code::kUnknown : code;
+  item.message = std::move(message);
+  return PushItem(std::move(item), timeout_s, 0, 0);
+}
+
+Channel::PushResult Channel::PushItem(Item item, double timeout_s,
+                                      int64_t bytes_copied,
+                                      int64_t arrays_copied) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto start = Clock::now();
+  const bool ready = WaitFor(not_full_, lock, timeout_s, [this] {
+    return cancelled_ || items_.size() < capacity_;
+  });
+  stats_.producer_wait_ns += ElapsedNs(start);
+  if (cancelled_) return PushResult::kCancelled;
+  if (!ready) return PushResult::kTimeout;
+  if (item.code == Code::kOk) {
+    ++stats_.batches_pushed;
+    stats_.bytes_pushed += item.bytes;
+    stats_.bytes_copied += bytes_copied;
+    stats_.arrays_copied += arrays_copied;
+  }
+  items_.push_back(std::move(item));
+  lock.unlock();
+  not_empty_.notify_one();
+  return PushResult::kOk;
+}
+
+void Channel::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+  }
+  not_empty_.notify_all();
+}
+
+Channel::PopResult Channel::Pop(Batch* batch, Code* code,
+                                std::string* message) {
+  Item item;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++stats_.get_next_calls;
+    const auto start = Clock::now();
+    not_empty_.wait(lock,
+                    [this] { return cancelled_ || closed_ || !items_.empty(); });
+    stats_.consumer_wait_ns += ElapsedNs(start);
+    if (cancelled_) return PopResult::kCancelled;
+    if (items_.empty()) return PopResult::kEnd;
+    item = std::move(items_.front());
+    items_.pop_front();
+    if (item.code == Code::kOk) {
+      ++stats_.batches_delivered;
+      stats_.bytes_delivered += item.bytes;
+    }
+  }
+  not_full_.notify_one();
+  if (item.code != Code::kOk) {
+    *code = item.code;
+    *message = std::move(item.message);
+    return PopResult::kError;
+  }
+  *batch = std::move(item.batch);
+  return PopResult::kBatch;
+}
+
+void Channel::Cancel() {
+  std::deque<Item> dropped;  // Released outside the lock.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    dropped.swap(items_);
+  }
+  not_empty_.notify_all();
+  not_full_.notify_all();
+}
+
+bool Channel::cancelled() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cancelled_;
+}
+
+ChannelStats Channel::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ChannelStats s = stats_;
+  s.queued = static_cast<int64_t>(items_.size());
+  s.closed = closed_;
+  s.cancelled = cancelled_;
+  return s;
+}
+
+SourceRegistry& SourceRegistry::Global() {
+  static auto* registry = new SourceRegistry;  // Leaked, like the queue.
+  return *registry;
+}
+
+void SourceRegistry::Register(int64_t key, SourceInfo info) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sources_[key] = info;
+}
+
+void SourceRegistry::Unregister(int64_t key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sources_.erase(key);
+}
+
+bool SourceRegistry::Lookup(int64_t key, SourceInfo* info) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sources_.find(key);
+  if (it == sources_.end()) return false;
+  *info = it->second;
+  return true;
+}
+
+bool SourceRegistry::RequestEpoch(int64_t key,
+                                  std::shared_ptr<Channel> channel) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sources_.count(key) == 0) return false;
+    requests_.push_back(Request{key, std::move(channel)});
+  }
+  cv_.notify_all();
+  return true;
+}
+
+std::vector<SourceRegistry::Request> SourceRegistry::WaitRequests(
+    double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  WaitFor(cv_, lock, timeout_s, [this] { return !requests_.empty(); });
+  std::vector<Request> out;
+  out.swap(requests_);
+  return out;
+}
+
+}  // namespace tfray

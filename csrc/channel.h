@@ -1,0 +1,182 @@
+// The native channel between one feeder (Python, in the trainer process) and
+// one tf.data iterator (C++). Plain C++17: no TensorFlow, no Python, so it can
+// be tested alone (tests/native/channel_test.cc).
+//
+// Ownership of batch memory never moves through here: a batch carries a
+// ReleaseToken, and whoever drops the last copy of that token (normally the
+// last tf.Tensor that aliases the batch) posts its id to the ReleaseQueue,
+// from which the feeder side drops the Python reference. Nothing in this file
+// ever calls into Python, so no TensorFlow thread can take the GIL through it.
+#ifndef TFRAY_CSRC_CHANNEL_H_
+#define TFRAY_CSRC_CHANNEL_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace tfray {
+
+// Process-wide queue of released token ids. TF threads push (never block for
+// long: one mutex, one notify); one Python thread drains.
+class ReleaseQueue {
+ public:
+  static std::shared_ptr<ReleaseQueue> Global();
+
+  void Release(uint64_t id);
+  // Waits up to `timeout_s` for released ids and returns all of them.
+  std::vector<uint64_t> Drain(double timeout_s);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<uint64_t> released_;  // Guarded by mu_.
+};
+
+// Posts `id` to its queue when destroyed. Shared by every tensor of a batch.
+class ReleaseToken {
+ public:
+  ReleaseToken(std::shared_ptr<ReleaseQueue> queue, uint64_t id)
+      : queue_(std::move(queue)), id_(id) {}
+  ~ReleaseToken() { queue_->Release(id_); }
+  ReleaseToken(const ReleaseToken&) = delete;
+  ReleaseToken& operator=(const ReleaseToken&) = delete;
+
+ private:
+  std::shared_ptr<ReleaseQueue> queue_;
+  uint64_t id_;
+};
+
+// One tensor's worth of memory, described but not owned.
+struct ArrayRef {
+  const void* data = nullptr;
+  size_t nbytes = 0;
+  int dtype = 0;  // A tensorflow::DataType value; opaque here.
+  std::vector<int64_t> shape;
+};
+
+struct Batch {
+  std::vector<ArrayRef> arrays;
+  std::shared_ptr<ReleaseToken> token;  // Keeps `arrays` valid while held.
+};
+
+// Status codes follow absl::StatusCode numbering so the kernel can map them
+// one to one, without this file depending on absl.
+enum class Code : int {
+  kOk = 0,
+  kCancelled = 1,
+  kUnknown = 2,
+  kInvalidArgument = 3,
+  kNotFound = 5,
+  kFailedPrecondition = 9,
+  kInternal = 13,
+  kUnavailable = 14,
+  kDataLoss = 15,
+};
+
+struct ChannelStats {
+  int64_t batches_pushed = 0;
+  int64_t bytes_pushed = 0;
+  int64_t batches_delivered = 0;
+  int64_t bytes_delivered = 0;
+  int64_t bytes_copied = 0;  // Reported by the feeder with each batch.
+  int64_t arrays_copied = 0;
+  int64_t get_next_calls = 0;
+  int64_t consumer_wait_ns = 0;  // GetNext waiting on an empty channel.
+  int64_t producer_wait_ns = 0;  // Feeder waiting on a full channel.
+  int64_t queued = 0;
+  bool closed = false;     // The feeder has said the epoch is over.
+  bool cancelled = false;  // The consumer has gone away.
+};
+
+// A bounded FIFO of batches and errors, one per iterator (= one epoch).
+class Channel {
+ public:
+  enum class PushResult { kOk, kCancelled, kTimeout };
+  enum class PopResult { kBatch, kError, kEnd, kCancelled };
+
+  explicit Channel(size_t capacity);
+  ~Channel();
+
+  // Producer side. Push blocks while the channel is full, up to `timeout_s`
+  // (negative: no limit), and returns early when the consumer cancels.
+  // `bytes_copied`/`arrays_copied` account copies the feeder had to make.
+  PushResult Push(Batch batch, double timeout_s, int64_t bytes_copied = 0,
+                  int64_t arrays_copied = 0);
+  // Queues an error in order with the batches; the stream may go on after it.
+  PushResult PushError(Code code, std::string message, double timeout_s);
+  // No more items: the consumer sees end of sequence after the queued ones.
+  void Close();
+
+  // Consumer side. Blocks until an item, the end, or cancellation.
+  PopResult Pop(Batch* batch, Code* code, std::string* message);
+  // Wakes both sides and drops queued batches (releasing their tokens).
+  void Cancel();
+
+  bool cancelled() const;
+  size_t capacity() const { return capacity_; }
+  ChannelStats Stats() const;
+
+ private:
+  struct Item {
+    Batch batch;
+    Code code = Code::kOk;  // kOk: a batch; otherwise an error.
+    std::string message;
+    int64_t bytes = 0;
+  };
+
+  PushResult PushItem(Item item, double timeout_s, int64_t bytes_copied,
+                      int64_t arrays_copied);
+
+  const size_t capacity_;
+  mutable std::mutex mu_;
+  std::condition_variable not_empty_;
+  std::condition_variable not_full_;
+  std::deque<Item> items_;  // Guarded by mu_.
+  bool closed_ = false;     // Guarded by mu_.
+  bool cancelled_ = false;  // Guarded by mu_.
+  ChannelStats stats_;      // Guarded by mu_.
+};
+
+// Maps a source key (what the dataset graph serializes) to the requests for
+// new epochs. A TF iterator asks for an epoch by handing over a fresh channel;
+// the Python dispatcher takes the request and starts a feeder on it.
+class SourceRegistry {
+ public:
+  static SourceRegistry& Global();
+
+  struct SourceInfo {
+    int64_t cardinality = -2;  // tf.data's UNKNOWN_CARDINALITY.
+    size_t capacity = 1;       // Batches each epoch's channel may hold.
+  };
+
+  void Register(int64_t key, SourceInfo info);
+  void Unregister(int64_t key);
+  // Returns false if `key` is not registered (its dataset was collected).
+  bool Lookup(int64_t key, SourceInfo* info) const;
+  bool RequestEpoch(int64_t key, std::shared_ptr<Channel> channel);
+
+  struct Request {
+    int64_t key = 0;
+    std::shared_ptr<Channel> channel;
+  };
+  // Waits up to `timeout_s` for requests and returns all pending ones.
+  std::vector<Request> WaitRequests(double timeout_s);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<int64_t, SourceInfo> sources_;  // Guarded by mu_.
+  std::vector<Request> requests_;                     // Guarded by mu_.
+};
+
+}  // namespace tfray
+
+#endif  // TFRAY_CSRC_CHANNEL_H_

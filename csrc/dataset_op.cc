@@ -1,0 +1,285 @@
+#include "dataset_op.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "channel.h"
+#include "tensorflow/core/framework/allocation_description.pb.h"
+#include "tensorflow/core/framework/cancellation.h"
+#include "tensorflow/core/framework/model.h"
+#include "tensorflow/core/framework/partial_tensor_shape.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tf_compat.h"
+#include "tsl/profiler/lib/traceme.h"
+
+namespace tfray {
+
+using ::tensorflow::DataType;
+using ::tensorflow::DataTypeString;
+using ::tensorflow::DataTypeVector;
+using ::tensorflow::data::IteratorContext;
+using ::tensorflow::data::IteratorStateReader;
+using ::tensorflow::data::IteratorStateWriter;
+using ::tensorflow::Node;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::PartialTensorShape;
+using ::tensorflow::data::SerializationContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorBuffer;
+using ::tensorflow::TensorShape;
+using ::tensorflow::data::DatasetBase;
+using ::tensorflow::data::DatasetContext;
+using ::tensorflow::data::DatasetIterator;
+using ::tensorflow::data::IteratorBase;
+using ::tensorflow::data::model::MakeSourceNode;
+
+namespace {
+
+// A tensor buffer over memory tfray does not own (Ray's object store, or a
+// numpy array kept alive by the feeder). Dropping it drops one reference to
+// the batch's release token; nothing here touches Python.
+class BatchBuffer : public TensorBuffer {
+ public:
+  BatchBuffer(void* data, size_t size, std::shared_ptr<ReleaseToken> token)
+      : TensorBuffer(data), size_(size), token_(std::move(token)) {}
+
+  size_t size() const override { return size_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(
+      tensorflow::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<int64_t>(size_));
+    proto->set_allocator_name("tfray");
+  }
+  // Ray's store is read-only shared memory. Reporting "not owned" makes
+  // Tensor::RefCountIsOne() false, so no kernel forwards this buffer to an
+  // output and writes into it in place.
+  bool OwnsMemory() const override { return false; }
+
+ private:
+  const size_t size_;
+  const std::shared_ptr<ReleaseToken> token_;
+};
+
+absl::Status ToStatus(Code code, const std::string& message) {
+  return absl::Status(static_cast<absl::StatusCode>(code), message);
+}
+
+}  // namespace
+
+class TfrayDatasetOp::Dataset : public DatasetBase {
+ public:
+  Dataset(OpKernelContext* ctx, int64_t key, SourceRegistry::SourceInfo info,
+          DataTypeVector output_types,
+          std::vector<PartialTensorShape> output_shapes)
+      : DatasetBase(DatasetContext(ctx)),
+        key_(key),
+        info_(info),
+        output_types_(std::move(output_types)),
+        output_shapes_(std::move(output_shapes)) {}
+
+  std::unique_ptr<IteratorBase> MakeIteratorInternal(
+      const std::string& prefix) const override {
+    return std::make_unique<Iterator>(
+        Iterator::Params{this, absl::StrCat(prefix, "::", kDatasetType)});
+  }
+
+  const DataTypeVector& output_dtypes() const override {
+    return output_types_;
+  }
+  const std::vector<PartialTensorShape>& output_shapes() const override {
+    return output_shapes_;
+  }
+
+  std::string DebugString() const override {
+    return absl::StrCat("TfrayDatasetOp(source_key=", key_, ")::Dataset");
+  }
+
+  int64_t CardinalityInternal(
+      tensorflow::data::CardinalityOptions options) const override {
+    return info_.cardinality;
+  }
+
+  absl::Status InputDatasets(
+      std::vector<const DatasetBase*>* inputs) const override {
+    return absl::OkStatus();
+  }
+
+  // The batches live in Ray, outside the graph; the graph holds only the
+  // source key, which names them within this process.
+  absl::Status CheckExternalState() const override {
+    return absl::OkStatus();
+  }
+
+ protected:
+  absl::Status AsGraphDefInternal(SerializationContext* ctx,
+                                  DatasetGraphDefBuilder* b,
+                                  Node** output) const override {
+    Node* key = nullptr;
+    TF_RETURN_IF_ERROR(b->AddScalar(key_, &key));
+    return b->AddDataset(this, {key}, output);
+  }
+
+ private:
+  class Iterator : public DatasetIterator<Dataset> {
+   public:
+    explicit Iterator(const Params& params)
+        : DatasetIterator<Dataset>(params),
+          channel_(std::make_shared<Channel>(params.dataset->info_.capacity)) {}
+
+    ~Iterator() override {
+      if (deregister_fn_) deregister_fn_();
+      // Tells the feeder to stop and drops queued batches; tensors already
+      // handed out keep their batches alive through their release tokens.
+      channel_->Cancel();
+    }
+
+    // Each iterator is one epoch: hand a fresh channel to the feeder side.
+    absl::Status Initialize(IteratorContext* ctx) override {
+      TF_RETURN_IF_ERROR(tensorflow::RegisterCancellationCallback(
+          ctx->cancellation_manager(),
+          [channel = channel_]() { channel->Cancel(); }, &deregister_fn_));
+      if (!SourceRegistry::Global().RequestEpoch(dataset()->key_, channel_)) {
+        return absl::NotFoundError(absl::StrCat(
+            "tfray source ", dataset()->key_,
+            " is no longer registered: its tfray.Dataset was garbage "
+            "collected. Keep a reference to the tfray.Dataset while its "
+            "pipeline is in use."));
+      }
+      return absl::OkStatus();
+    }
+
+    absl::Status GetNextInternal(IteratorContext* ctx,
+                                 std::vector<Tensor>* out_tensors,
+                                 bool* end_of_sequence) override {
+      Batch batch;
+      Code code = Code::kOk;
+      std::string message;
+      Channel::PopResult result;
+      {
+        tsl::profiler::TraceMe trace("TfrayWaitForBatch");
+        result = channel_->Pop(&batch, &code, &message);
+      }
+      switch (result) {
+        case Channel::PopResult::kEnd:
+          *end_of_sequence = true;
+          return absl::OkStatus();
+        case Channel::PopResult::kCancelled:
+          return absl::CancelledError("tfray iterator was cancelled");
+        case Channel::PopResult::kError:
+          return ToStatus(code, message);
+        case Channel::PopResult::kBatch:
+          break;
+      }
+      *end_of_sequence = false;
+      return ToTensors(batch, out_tensors);
+    }
+
+   protected:
+    std::shared_ptr<tensorflow::data::model::Node> CreateNode(
+        IteratorContext* ctx,
+        tensorflow::data::model::Node::Args args) const override {
+      return MakeSourceNode(std::move(args));
+    }
+
+    absl::Status SaveInternal(SerializationContext* ctx,
+                              IteratorStateWriter* writer) override {
+      return absl::UnimplementedError(
+          "tfray iterators cannot be saved in a checkpoint in this version.");
+    }
+
+    absl::Status RestoreInternal(IteratorContext* ctx,
+                                 IteratorStateReader* reader) override {
+      return absl::UnimplementedError(
+          "tfray iterators cannot be restored from a checkpoint in this "
+          "version.");
+    }
+
+   private:
+    // Wraps each array as a tensor that aliases it. The feeder has already
+    // checked the batch against the element spec and made anything
+    // unaligned or non-contiguous into an aligned copy; these checks guard
+    // memory safety, not user input.
+    absl::Status ToTensors(const Batch& batch, std::vector<Tensor>* out) {
+      const DataTypeVector& types = dataset()->output_types_;
+      const auto& shapes = dataset()->output_shapes_;
+      if (batch.arrays.size() != types.size()) {
+        return absl::InternalError(
+            absl::StrCat("tfray: batch has ", batch.arrays.size(),
+                         " arrays, expected ", types.size()));
+      }
+      out->reserve(types.size());
+      for (size_t i = 0; i < types.size(); ++i) {
+        const ArrayRef& a = batch.arrays[i];
+        const DataType dtype = static_cast<DataType>(a.dtype);
+        TensorShape shape;
+        TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape(a.shape, &shape));
+        if (dtype != types[i] || !shapes[i].IsCompatibleWith(shape)) {
+          return absl::InternalError(absl::StrCat(
+              "tfray: component ", i, " is ", DataTypeString(dtype),
+              shape.DebugString(), ", expected ", DataTypeString(types[i]),
+              shapes[i].DebugString()));
+        }
+        const size_t expected_bytes =
+            shape.num_elements() * tensorflow::DataTypeSize(dtype);
+        if (a.nbytes != expected_bytes) {
+          return absl::InternalError(
+              absl::StrCat("tfray: component ", i, " has ", a.nbytes,
+                           " bytes, expected ", expected_bytes));
+        }
+        if (a.nbytes == 0) {
+          out->emplace_back(dtype, shape);
+          continue;
+        }
+        if (reinterpret_cast<uintptr_t>(a.data) % TFRAY_TENSOR_ALIGNMENT) {
+          return absl::InternalError(absl::StrCat(
+              "tfray: component ", i, " is not aligned to ",
+              TFRAY_TENSOR_ALIGNMENT, " bytes"));
+        }
+        tensorflow::core::RefCountPtr<TensorBuffer> buffer(new BatchBuffer(
+            const_cast<void*>(a.data), a.nbytes, batch.token));
+        out->emplace_back(dtype, std::move(shape), std::move(buffer));
+      }
+      return absl::OkStatus();
+    }
+
+    const std::shared_ptr<Channel> channel_;
+    std::function<void()> deregister_fn_;
+  };
+
+  const int64_t key_;
+  const SourceRegistry::SourceInfo info_;
+  const DataTypeVector output_types_;
+  const std::vector<PartialTensorShape> output_shapes_;
+};
+
+TfrayDatasetOp::TfrayDatasetOp(OpKernelConstruction* ctx)
+    : DatasetOpKernel(ctx) {
+  OP_REQUIRES_OK(ctx, ctx->GetAttr(kOutputTypes, &output_types_));
+  OP_REQUIRES_OK(ctx, ctx->GetAttr(kOutputShapes, &output_shapes_));
+}
+
+void TfrayDatasetOp::MakeDataset(OpKernelContext* ctx, DatasetBase** output) {
+  int64_t key = 0;
+  OP_REQUIRES_OK(ctx, tensorflow::data::ParseScalarArgument<int64_t>(
+                          ctx, kSourceKey, &key));
+  SourceRegistry::SourceInfo info;
+  OP_REQUIRES(ctx, SourceRegistry::Global().Lookup(key, &info),
+              absl::NotFoundError(absl::StrCat(
+                  "tfray source ", key,
+                  " is not registered in this process. A tfray dataset "
+                  "graph can only be instantiated in the process that "
+                  "created its tfray.Dataset, while that object is alive.")));
+  *output = new Dataset(ctx, key, info, output_types_, output_shapes_);
+}
+
+namespace {
+REGISTER_KERNEL_BUILDER(Name("TfrayDataset").Device(tensorflow::DEVICE_CPU),
+                        TfrayDatasetOp);
+}  // namespace
+
+}  // namespace tfray

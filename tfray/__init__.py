@@ -1,0 +1,12 @@
+"""tfray: feed TensorFlow from Ray's object store, zero-copy and GIL-free."""
+
+from tfray._internal import native as _native
+
+_native.load()  # Fails here, with how to rebuild, if built for another TF.
+
+from tfray._internal.stats import IteratorStats  # noqa: E402
+from tfray.dataset import Dataset  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = ["Dataset", "IteratorStats", "__version__"]

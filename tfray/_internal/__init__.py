@@ -1,0 +1,1 @@
+"""tfray's implementation. Nothing here is public API; see ``tfray``."""

@@ -1,0 +1,57 @@
+"""Per-iterator statistics, read from the native channel and the feeder."""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class IteratorStats:
+    """What one tfray iterator (one epoch) has done so far.
+
+    Attributes:
+        batches: batches delivered to TensorFlow.
+        bytes: bytes delivered to TensorFlow.
+        bytes_zero_copy: bytes handed over without a copy.
+        bytes_copied: bytes that had to be copied (unaligned or
+            non-contiguous arrays), once each.
+        arrays_copied: how many arrays were copied.
+        consumer_wait_s: time TensorFlow waited on an empty channel
+            (the pipeline was input-bound).
+        producer_wait_s: time the feeder waited on a full channel
+            (the pipeline was consumer-bound).
+        refs_in_flight: refs being resolved ahead of the consumer now.
+        queued: batches resolved and waiting in the channel now.
+        get_next_calls: calls TensorFlow made for the next batch.
+        finished: the feeder has delivered the whole epoch or stopped.
+        cancelled: the iterator was dropped or cancelled.
+    """
+
+    batches: int
+    bytes: int
+    bytes_zero_copy: int
+    bytes_copied: int
+    arrays_copied: int
+    consumer_wait_s: float
+    producer_wait_s: float
+    refs_in_flight: int
+    queued: int
+    get_next_calls: int
+    finished: bool
+    cancelled: bool
+
+
+def of_feeder(feeder):
+    s = feeder.channel.stats()
+    return IteratorStats(
+        batches=s["batches_delivered"],
+        bytes=s["bytes_delivered"],
+        bytes_zero_copy=s["bytes_pushed"] - s["bytes_copied"],
+        bytes_copied=s["bytes_copied"],
+        arrays_copied=s["arrays_copied"],
+        consumer_wait_s=s["consumer_wait_s"],
+        producer_wait_s=s["producer_wait_s"],
+        refs_in_flight=feeder.refs_in_flight,
+        queued=s["queued"],
+        get_next_calls=s["get_next_calls"],
+        finished=s["closed"],
+        cancelled=s["cancelled"],
+    )
