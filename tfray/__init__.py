@@ -1,8 +1,8 @@
 """tfray: feed TensorFlow from Ray's object store, zero-copy and GIL-free."""
 
-from tfray._internal import native as _native
+from tfray._internal.native import load as _load_native
 
-_native.load()  # Fails here, with how to rebuild, if built for another TF.
+_load_native()  # Fails here, with how to rebuild, if built for another TF.
 
 from tfray._internal.stats import IteratorStats  # noqa: E402
 from tfray.dataset import Dataset  # noqa: E402

@@ -1,0 +1,53 @@
+"""Shared fixtures: one small local Ray per test module, and polling helpers."""
+
+import gc
+import os
+import time
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+import ray  # noqa: E402
+
+OBJECT_STORE_BYTES = 150 * 1024 * 1024
+
+
+def start_ray():
+    ray.init(
+        num_cpus=2,
+        object_store_memory=OBJECT_STORE_BYTES,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A local Ray for this module (2 CPUs, a 150 MB object store)."""
+    if ray.is_initialized():
+        ray.shutdown()
+    start_ray()
+    yield
+    ray.shutdown()
+
+
+def wait_until(predicate, timeout=20.0, interval=0.05):
+    """Polls ``predicate`` until true; fails the test after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        gc.collect()
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s: {predicate}")
+
+
+def store_bytes_used():
+    """Bytes in this node's object store (what pins and refs keep there)."""
+    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+    state = get_state_from_address(ray.get_runtime_context().gcs_address)
+    return get_memory_info_reply(state).store_stats.object_store_bytes_used

@@ -1,0 +1,460 @@
+// Unit test for the native channel (csrc/channel.h). Plain C++17, no gtest:
+// the channel has no TensorFlow or Python dependency, and keeping the test
+// equally bare lets tests/test_channel_native.py build it with nothing but
+// g++ and run it under ASan/UBSan.
+//
+// Every wait in here is bounded, so a broken wake-up shows up as a failed
+// CHECK instead of a hung test run.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "channel.h"
+
+namespace tfray {
+namespace {
+
+// On failure, _Exit rather than exit: a failed wake-up check leaves a thread
+// blocked on a channel, and running static teardown around it helps nobody.
+#define CHECK(cond)                                                    \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__,      \
+                   __LINE__, #cond);                                   \
+      std::fflush(stderr);                                             \
+      std::fflush(stdout);                                             \
+      std::_Exit(1);                                                   \
+    }                                                                  \
+  } while (0)
+
+using Clock = std::chrono::steady_clock;
+
+// Long enough that a correct wake-up is never mistaken for a hang, even
+// under sanitizers on a loaded machine; short enough to fail quickly.
+constexpr double kWakeDeadlineS = 10.0;
+// How long a thread must stay blocked before we believe it really blocks.
+constexpr auto kBlockProbe = std::chrono::milliseconds(50);
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// A batch whose arrays point at static bytes (their contents never matter
+// here) and whose token posts `id` to the global ReleaseQueue.
+Batch MakeBatch(uint64_t id, std::vector<size_t> nbytes) {
+  static const char kBytes[1024] = {};
+  Batch batch;
+  batch.token = std::make_shared<ReleaseToken>(ReleaseQueue::Global(), id);
+  for (size_t n : nbytes) {
+    ArrayRef ref;
+    ref.data = kBytes;
+    ref.nbytes = n;
+    ref.dtype = 1;
+    ref.shape = {static_cast<int64_t>(n)};
+    batch.arrays.push_back(std::move(ref));
+  }
+  return batch;
+}
+
+// Drops whatever earlier tests left in the process-wide release queue.
+void ClearReleased() { ReleaseQueue::Global()->Drain(0); }
+
+// Collects released ids until `want` of them arrived or the deadline passed;
+// returns them sorted so callers can compare against a fixed list.
+std::vector<uint64_t> DrainIds(size_t want) {
+  std::vector<uint64_t> ids;
+  const auto start = Clock::now();
+  while (ids.size() < want) {
+    const double left = kWakeDeadlineS - SecondsSince(start);
+    if (left <= 0) break;
+    for (uint64_t id : ReleaseQueue::Global()->Drain(left)) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+// Spins (politely) until `flag` is set or the deadline passes.
+bool WaitForFlag(const std::atomic<bool>& flag) {
+  const auto start = Clock::now();
+  while (!flag.load()) {
+    if (SecondsSince(start) > kWakeDeadlineS) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// Guards that batches and errors reach the consumer in push order, and that
+// Close lets queued items drain before a sticky end of sequence.
+void TestFifoAndCloseDrains() {
+  ClearReleased();
+  Channel ch(8);
+  Batch first = MakeBatch(101, {10});
+  const void* first_data = first.arrays[0].data;
+  CHECK(ch.Push(std::move(first), 0) == Channel::PushResult::kOk);
+  CHECK(ch.PushError(Code::kInvalidArgument, "bad", 0) ==
+        Channel::PushResult::kOk);
+  CHECK(ch.Push(MakeBatch(102, {20, 30}), 0) == Channel::PushResult::kOk);
+  // kOk is not an error; the channel must not let it pass as a batch.
+  CHECK(ch.PushError(Code::kOk, "no code", 0) == Channel::PushResult::kOk);
+  ch.Close();
+
+  Batch batch;
+  Code code = Code::kOk;
+  std::string message;
+  CHECK(ch.Pop(&batch, &code, &message) == Channel::PopResult::kBatch);
+  CHECK(batch.arrays.size() == 1);
+  CHECK(batch.arrays[0].nbytes == 10);
+  CHECK(batch.arrays[0].data == first_data);
+  CHECK(batch.token != nullptr);
+
+  CHECK(ch.Pop(&batch, &code, &message) == Channel::PopResult::kError);
+  CHECK(code == Code::kInvalidArgument);
+  CHECK(message == "bad");
+
+  CHECK(ch.Pop(&batch, &code, &message) == Channel::PopResult::kBatch);
+  CHECK(batch.arrays.size() == 2);
+  CHECK(batch.arrays[1].nbytes == 30);
+
+  CHECK(ch.Pop(&batch, &code, &message) == Channel::PopResult::kError);
+  CHECK(code == Code::kUnknown);
+  CHECK(message == "no code");
+
+  for (int i = 0; i < 3; ++i) {
+    CHECK(ch.Pop(&batch, &code, &message) == Channel::PopResult::kEnd);
+  }
+  CHECK(ch.Stats().closed);
+  CHECK(!ch.cancelled());
+
+  // Popping batch 102 over batch 101 dropped 101's last holder; 102 is still
+  // held by `batch`.
+  batch = Batch();
+  CHECK((DrainIds(2) == std::vector<uint64_t>{101, 102}));
+}
+
+// Guards backpressure: a full channel blocks (or times out) the producer
+// until the consumer makes room, and a refused batch is not kept.
+void TestBoundedCapacityBlocksProducer() {
+  ClearReleased();
+  CHECK(Channel(0).capacity() == 1);  // Zero would deadlock every Push.
+
+  Channel ch(2);
+  CHECK(ch.capacity() == 2);
+  CHECK(ch.Push(MakeBatch(201, {1}), 0) == Channel::PushResult::kOk);
+  CHECK(ch.Push(MakeBatch(202, {1}), 0) == Channel::PushResult::kOk);
+
+  const auto start = Clock::now();
+  CHECK(ch.Push(MakeBatch(203, {1}), 0.05) == Channel::PushResult::kTimeout);
+  CHECK(SecondsSince(start) >= 0.045);
+  CHECK(ch.Stats().queued == 2);
+  CHECK(ch.Stats().batches_pushed == 2);
+  // The refused batch was dropped, so its token went with it.
+  CHECK((DrainIds(1) == std::vector<uint64_t>{203}));
+
+  std::atomic<bool> done{false};
+  Channel::PushResult result = Channel::PushResult::kTimeout;
+  std::thread producer([&] {
+    result = ch.Push(MakeBatch(204, {1}), kWakeDeadlineS);
+    done.store(true);
+  });
+  std::this_thread::sleep_for(kBlockProbe);
+  CHECK(!done.load());  // Still full: the producer must be waiting.
+
+  Batch batch;
+  Code code;
+  std::string message;
+  CHECK(ch.Pop(&batch, &code, &message) == Channel::PopResult::kBatch);
+  CHECK(WaitForFlag(done));
+  producer.join();
+  CHECK(result == Channel::PushResult::kOk);
+
+  ChannelStats stats = ch.Stats();
+  CHECK(stats.queued == 2);
+  CHECK(stats.batches_pushed == 3);
+  CHECK(stats.producer_wait_ns > 0);
+}
+
+// Guards that Cancel unblocks both sides, makes the channel refuse further
+// work, and releases the tokens of batches it drops.
+void TestCancelWakesBothSidesAndReleases() {
+  ClearReleased();
+  {
+    // A producer stuck with no timeout on a full channel.
+    Channel ch(1);
+    CHECK(ch.Push(MakeBatch(301, {8}), 0) == Channel::PushResult::kOk);
+    std::atomic<bool> done{false};
+    Channel::PushResult result = Channel::PushResult::kOk;
+    std::thread producer([&] {
+      result = ch.Push(MakeBatch(302, {8}), -1);
+      done.store(true);
+    });
+    std::this_thread::sleep_for(kBlockProbe);
+    CHECK(!done.load());
+    ch.Cancel();
+    CHECK(WaitForFlag(done));
+    producer.join();
+    CHECK(result == Channel::PushResult::kCancelled);
+    // 301 was queued and dropped by Cancel; 302 was refused.
+    CHECK((DrainIds(2) == std::vector<uint64_t>{301, 302}));
+    CHECK(ch.Stats().queued == 0);
+    CHECK(ch.Stats().cancelled);
+  }
+  {
+    // A consumer stuck on an empty channel.
+    Channel ch(1);
+    std::atomic<bool> done{false};
+    Channel::PopResult result = Channel::PopResult::kBatch;
+    std::thread consumer([&] {
+      Batch batch;
+      Code code;
+      std::string message;
+      result = ch.Pop(&batch, &code, &message);
+      done.store(true);
+    });
+    std::this_thread::sleep_for(kBlockProbe);
+    CHECK(!done.load());
+    ch.Cancel();
+    CHECK(WaitForFlag(done));
+    consumer.join();
+    CHECK(result == Channel::PopResult::kCancelled);
+  }
+  {
+    // After Cancel nothing gets in or out, even items queued before a Close.
+    Channel ch(4);
+    CHECK(ch.Push(MakeBatch(303, {8}), 0) == Channel::PushResult::kOk);
+    CHECK(ch.Push(MakeBatch(304, {8}), 0) == Channel::PushResult::kOk);
+    ch.Close();
+    ch.Cancel();
+    CHECK((DrainIds(2) == std::vector<uint64_t>{303, 304}));
+    CHECK(ch.cancelled());
+
+    CHECK(ch.Push(MakeBatch(305, {8}), -1) ==
+          Channel::PushResult::kCancelled);
+    CHECK(ch.PushError(Code::kInternal, "late", -1) ==
+          Channel::PushResult::kCancelled);
+    CHECK((DrainIds(1) == std::vector<uint64_t>{305}));
+
+    Batch batch;
+    Code code;
+    std::string message;
+    for (int i = 0; i < 2; ++i) {
+      CHECK(ch.Pop(&batch, &code, &message) ==
+            Channel::PopResult::kCancelled);
+    }
+    CHECK(batch.token == nullptr);
+    ChannelStats stats = ch.Stats();
+    CHECK(stats.queued == 0);
+    CHECK(stats.batches_pushed == 2);
+    CHECK(stats.batches_delivered == 0);
+  }
+  {
+    // The destructor cancels too, so a channel dropped with queued batches
+    // does not pin their memory forever.
+    auto ch = std::make_unique<Channel>(2);
+    CHECK(ch->Push(MakeBatch(306, {8}), 0) == Channel::PushResult::kOk);
+    ch.reset();
+    CHECK((DrainIds(1) == std::vector<uint64_t>{306}));
+  }
+}
+
+// Guards that a token shared by all of a batch's tensors posts its id once,
+// and only when the last holder lets go.
+void TestReleaseTokenPostsOnceOnLastHolder() {
+  ClearReleased();
+  auto token = std::make_shared<ReleaseToken>(ReleaseQueue::Global(), 401);
+  std::shared_ptr<ReleaseToken> a = token;
+  std::shared_ptr<ReleaseToken> b = token;
+  Batch batch;
+  batch.token = token;
+
+  token.reset();
+  a.reset();
+  batch = Batch();
+  CHECK(ReleaseQueue::Global()->Drain(0).empty());  // `b` still holds it.
+
+  // An unrelated token is released on its own schedule.
+  std::make_shared<ReleaseToken>(ReleaseQueue::Global(), 402).reset();
+  CHECK((DrainIds(1) == std::vector<uint64_t>{402}));
+
+  b.reset();
+  CHECK((DrainIds(1) == std::vector<uint64_t>{401}));
+  CHECK(ReleaseQueue::Global()->Drain(0).empty());  // Exactly once.
+
+  // Drain honours its timeout when nothing comes...
+  const auto start = Clock::now();
+  CHECK(ReleaseQueue::Global()->Drain(0.05).empty());
+  CHECK(SecondsSince(start) >= 0.045);
+
+  // ...and wakes as soon as another thread releases a token.
+  auto shared = std::make_shared<ReleaseToken>(ReleaseQueue::Global(), 403);
+  std::thread releaser([held = std::move(shared)]() mutable {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    held.reset();
+  });
+  const auto wake_start = Clock::now();
+  std::vector<uint64_t> ids = ReleaseQueue::Global()->Drain(kWakeDeadlineS);
+  CHECK(SecondsSince(wake_start) < kWakeDeadlineS);
+  releaser.join();
+  CHECK((ids == std::vector<uint64_t>{403}));
+}
+
+// Guards the counters the Python side reports: what each call adds, and
+// that refused pushes and errors add no batch traffic.
+void TestStats() {
+  ClearReleased();
+  Channel ch(3);
+  ChannelStats s = ch.Stats();
+  CHECK(s.batches_pushed == 0 && s.queued == 0 && s.get_next_calls == 0);
+  CHECK(!s.closed && !s.cancelled);
+
+  CHECK(ch.Push(MakeBatch(501, {100, 28}), 0, /*bytes_copied=*/100,
+                /*arrays_copied=*/1) == Channel::PushResult::kOk);
+  CHECK(ch.Push(MakeBatch(502, {64}), 0) == Channel::PushResult::kOk);
+  CHECK(ch.PushError(Code::kDataLoss, "lost", 0) == Channel::PushResult::kOk);
+  // Full now: this one is refused and must not count, copies included.
+  CHECK(ch.Push(MakeBatch(503, {1000}), 0.01, 7, 7) ==
+        Channel::PushResult::kTimeout);
+
+  s = ch.Stats();
+  CHECK(s.batches_pushed == 2);
+  CHECK(s.bytes_pushed == 192);
+  CHECK(s.bytes_copied == 100);
+  CHECK(s.arrays_copied == 1);
+  CHECK(s.batches_delivered == 0);
+  CHECK(s.bytes_delivered == 0);
+  CHECK(s.get_next_calls == 0);
+  CHECK(s.queued == 3);
+
+  Batch batch;
+  Code code;
+  std::string message;
+  CHECK(ch.Pop(&batch, &code, &message) == Channel::PopResult::kBatch);
+  s = ch.Stats();
+  CHECK(s.batches_delivered == 1);
+  CHECK(s.bytes_delivered == 128);
+  CHECK(s.get_next_calls == 1);
+  CHECK(s.queued == 2);
+
+  CHECK(ch.Pop(&batch, &code, &message) == Channel::PopResult::kBatch);
+  CHECK(ch.Pop(&batch, &code, &message) == Channel::PopResult::kError);
+  CHECK(code == Code::kDataLoss);
+  ch.Close();
+  CHECK(ch.Pop(&batch, &code, &message) == Channel::PopResult::kEnd);
+
+  s = ch.Stats();
+  CHECK(s.batches_pushed == 2);
+  CHECK(s.bytes_pushed == 192);
+  CHECK(s.batches_delivered == 2);
+  CHECK(s.bytes_delivered == 192);
+  CHECK(s.bytes_copied == 100);
+  CHECK(s.arrays_copied == 1);
+  CHECK(s.get_next_calls == 4);  // Every Pop counts, the end included.
+  CHECK(s.queued == 0);
+  CHECK(s.closed);
+  CHECK(!s.cancelled);
+  CHECK(s.consumer_wait_ns >= 0 && s.producer_wait_ns >= 0);
+}
+
+// Guards the key -> epoch-request handoff between TF iterators and the
+// Python dispatcher.
+void TestSourceRegistry() {
+  SourceRegistry& registry = SourceRegistry::Global();
+  registry.WaitRequests(0);  // Start from no pending requests.
+  constexpr int64_t kKeyA = 1001;
+  constexpr int64_t kKeyB = 1002;
+  constexpr int64_t kUnknown = 1003;
+
+  SourceRegistry::SourceInfo info;
+  CHECK(!registry.Lookup(kUnknown, &info));
+  auto unknown_channel = std::make_shared<Channel>(1);
+  CHECK(!registry.RequestEpoch(kUnknown, unknown_channel));
+  CHECK(unknown_channel.use_count() == 1);  // Not kept anywhere.
+
+  registry.Register(kKeyA, {/*cardinality=*/10, /*capacity=*/3});
+  registry.Register(kKeyB, {/*cardinality=*/-1, /*capacity=*/1});
+  CHECK(registry.Lookup(kKeyA, &info));
+  CHECK(info.cardinality == 10 && info.capacity == 3);
+  registry.Register(kKeyA, {/*cardinality=*/20, /*capacity=*/4});
+  CHECK(registry.Lookup(kKeyA, &info));
+  CHECK(info.cardinality == 20 && info.capacity == 4);  // Last one wins.
+
+  // No requests: WaitRequests returns empty, but only after its timeout.
+  auto start = Clock::now();
+  CHECK(registry.WaitRequests(0.05).empty());
+  CHECK(SecondsSince(start) >= 0.045);
+
+  auto ch1 = std::make_shared<Channel>(4);
+  auto ch2 = std::make_shared<Channel>(1);
+  auto ch3 = std::make_shared<Channel>(4);
+  CHECK(registry.RequestEpoch(kKeyA, ch1));
+  CHECK(registry.RequestEpoch(kKeyB, ch2));
+  CHECK(registry.RequestEpoch(kKeyA, ch3));
+  std::vector<SourceRegistry::Request> requests =
+      registry.WaitRequests(kWakeDeadlineS);
+  CHECK(requests.size() == 3);
+  CHECK(requests[0].key == kKeyA && requests[0].channel == ch1);
+  CHECK(requests[1].key == kKeyB && requests[1].channel == ch2);
+  CHECK(requests[2].key == kKeyA && requests[2].channel == ch3);
+  CHECK(registry.WaitRequests(0).empty());  // Taken, not copied.
+  requests.clear();
+  CHECK(ch1.use_count() == 1);
+
+  // A request from another thread wakes a waiting dispatcher early.
+  std::thread requester([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    registry.RequestEpoch(kKeyB, ch2);
+  });
+  start = Clock::now();
+  requests = registry.WaitRequests(kWakeDeadlineS);
+  CHECK(SecondsSince(start) < kWakeDeadlineS);
+  requester.join();
+  CHECK(requests.size() == 1);
+  CHECK(requests[0].key == kKeyB && requests[0].channel == ch2);
+
+  registry.Unregister(kKeyA);
+  CHECK(!registry.Lookup(kKeyA, &info));
+  CHECK(!registry.RequestEpoch(kKeyA, ch1));
+  CHECK(registry.Lookup(kKeyB, &info));  // Only the named key goes.
+  registry.Unregister(kKeyB);
+  registry.Unregister(kUnknown);  // Unknown keys are a no-op.
+  CHECK(!registry.Lookup(kKeyB, &info));
+  CHECK(registry.WaitRequests(0).empty());
+}
+
+}  // namespace
+}  // namespace tfray
+
+int main() {
+  struct TestCase {
+    const char* name;
+    void (*fn)();
+  };
+  const TestCase kTests[] = {
+      {"FifoAndCloseDrains", tfray::TestFifoAndCloseDrains},
+      {"BoundedCapacityBlocksProducer",
+       tfray::TestBoundedCapacityBlocksProducer},
+      {"CancelWakesBothSidesAndReleases",
+       tfray::TestCancelWakesBothSidesAndReleases},
+      {"ReleaseTokenPostsOnceOnLastHolder",
+       tfray::TestReleaseTokenPostsOnceOnLastHolder},
+      {"Stats", tfray::TestStats},
+      {"SourceRegistry", tfray::TestSourceRegistry},
+  };
+  int passed = 0;
+  for (const TestCase& test : kTests) {
+    std::printf("[ RUN  ] %s\n", test.name);
+    std::fflush(stdout);
+    test.fn();  // A failed CHECK exits the process.
+    std::printf("[  OK  ] %s\n", test.name);
+    ++passed;
+  }
+  std::printf("%d passed, 0 failed\n", passed);
+  return 0;
+}

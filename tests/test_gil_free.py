@@ -1,0 +1,84 @@
+"""Invariant 1: no TensorFlow thread takes the GIL.
+
+The test holds the GIL in the main thread for several seconds (a C call made
+through ctypes.PyDLL keeps it) while a graph-mode consumer, started just
+before, drains batches already resolved into the channel: GetNext, tensor
+release, and iterator creation and destruction all happen inside the hold.
+If any of them needed the GIL, the consumer would finish after the hold.
+"""
+
+import ctypes
+import threading
+import time
+
+import numpy as np
+import pytest
+import ray
+import tensorflow as tf
+
+import tfray
+from conftest import wait_until
+
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
+
+N = 24
+SIDE = 512  # One 512x512 float32 batch (1 MB) per step.
+HOLD_S = 6.0
+WORK = 4  # Matmuls per batch.
+
+
+def hold_gil(seconds):
+    """Sleeps in C without releasing the GIL."""
+    ctypes.PyDLL(None).usleep(int(seconds * 1e6))
+
+
+def test_consumer_runs_while_another_thread_holds_the_gil():
+    """Graph-mode GetNext, tensor release, iterator creation and destruction."""
+    refs = [ray.put(np.full((SIDE, SIDE), i, np.float32)) for i in range(N)]
+    ds = tfray.Dataset(refs, max_inflight=N)  # The channel can hold the epoch.
+    other = tfray.Dataset(refs[:1])
+    iterator = iter(ds)
+    wait_until(lambda: ds.stats()[-1].queued == N)  # Everything is resolved.
+
+    @tf.function
+    def consume(it):
+        total = tf.constant(0.0)
+        for _ in tf.range(N):  # No prefetch after the source.
+            m = next(it)
+            # Some GIL-free work per batch, so the drain outlasts the start
+            # of the hold and tensors are released during it.
+            for _ in tf.range(WORK):
+                total += tf.reduce_sum(tf.matmul(m, m)) / SIDE**3
+        with tf.control_dependencies([total]):
+            # Creates (and, when the function returns, destroys) an iterator.
+            handle = tf.raw_ops.AnonymousIteratorV3(
+                output_types=[tf.float32], output_shapes=[[None, SIDE]]
+            )
+            made = tf.raw_ops.MakeIterator(dataset=other._variant_tensor, iterator=handle)
+        with tf.control_dependencies([made]):
+            return total, tf.timestamp()
+
+    concrete = consume.get_concrete_function(iterator)  # Trace outside the hold.
+    result = {}
+    consumer = threading.Thread(target=lambda: result.update(out=concrete(iterator)))
+    consumer.start()
+    wait_until(lambda: ds.stats()[-1].get_next_calls >= 1, interval=0.001)
+    consumed_before = ds.stats()[-1].batches
+    start = time.time()
+    hold_gil(HOLD_S)
+    end = time.time()
+    consumer.join(timeout=60)
+
+    assert not consumer.is_alive()
+    total, finished_at = (t.numpy() for t in result["out"])
+    # Batch i is all i, so each matmul's sum over SIDE**3 is i * i.
+    assert total == pytest.approx(WORK * sum(i * i for i in range(N)), rel=1e-5)
+    assert consumed_before < N, "inconclusive: the drain ended before the hold"
+    assert start < finished_at < end, (
+        f"the consumer finished {finished_at - start:.2f} s after the hold "
+        f"began, which lasted {end - start:.2f} s"
+    )
+    # The iterator made inside the hold asked for an epoch and was dropped.
+    wait_until(lambda: other.stats() and other.stats()[-1].cancelled)
+    del iterator
+    wait_until(lambda: ds.stats()[-1].cancelled)
