@@ -38,7 +38,7 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
     ds = tfray.Dataset(refs, max_inflight=N)  # The channel can hold the epoch.
     other = tfray.Dataset(refs[:1])
     iterator = iter(ds)
-    wait_until(lambda: ds.stats()[-1].queued == N)  # Everything is resolved.
+    wait_until(lambda: ds.stats() and ds.stats()[-1].queued == N)  # Everything is resolved.
 
     @tf.function
     def consume(it):
