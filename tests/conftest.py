@@ -34,6 +34,16 @@ def ray_session():
     ray.shutdown()
 
 
+def without_prefetch(ds):
+    """``ds`` without the prefetch tf.data injects after sources by default."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.experimental_optimization.inject_prefetch = False
+    return ds.with_options(options)
+
+
 def wait_until(predicate, timeout=20.0, interval=0.05):
     """Polls ``predicate`` until true; fails the test after ``timeout`` s."""
     deadline = time.monotonic() + timeout

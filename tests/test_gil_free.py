@@ -17,7 +17,7 @@ import ray
 import tensorflow as tf
 
 import tfray
-from conftest import wait_until
+from conftest import wait_until, without_prefetch
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
@@ -37,7 +37,7 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
     refs = [ray.put(np.full((SIDE, SIDE), i, np.float32)) for i in range(N)]
     ds = tfray.Dataset(refs, max_inflight=N)  # The channel can hold the epoch.
     other = tfray.Dataset(refs[:1])
-    iterator = iter(ds)
+    iterator = iter(without_prefetch(ds))
     wait_until(lambda: ds.stats() and ds.stats()[-1].queued == N)  # Everything is resolved.
 
     @tf.function

@@ -139,6 +139,27 @@ void TestFifoAndCloseDrains() {
   CHECK((DrainIds(2) == std::vector<uint64_t>{101, 102}));
 }
 
+// Guards that Close wakes a consumer already blocked on an empty channel,
+// which would otherwise wait forever for an item that never comes.
+void TestCloseWakesBlockedConsumer() {
+  Channel ch(1);
+  std::atomic<bool> done{false};
+  Channel::PopResult result = Channel::PopResult::kBatch;
+  std::thread consumer([&] {
+    Batch batch;
+    Code code;
+    std::string message;
+    result = ch.Pop(&batch, &code, &message);
+    done.store(true);
+  });
+  std::this_thread::sleep_for(kBlockProbe);
+  CHECK(!done.load());
+  ch.Close();
+  CHECK(WaitForFlag(done));
+  consumer.join();
+  CHECK(result == Channel::PopResult::kEnd);
+}
+
 // Guards backpressure: a full channel blocks (or times out) the producer
 // until the consumer makes room, and a refused batch is not kept.
 void TestBoundedCapacityBlocksProducer() {
@@ -161,7 +182,9 @@ void TestBoundedCapacityBlocksProducer() {
   std::atomic<bool> done{false};
   Channel::PushResult result = Channel::PushResult::kTimeout;
   std::thread producer([&] {
-    result = ch.Push(MakeBatch(204, {1}), kWakeDeadlineS);
+    // Twice the deadline WaitForFlag allows: only a wake-up by Pop, not the
+    // timeout running out, can let this return in time.
+    result = ch.Push(MakeBatch(204, {1}), 2 * kWakeDeadlineS);
     done.store(true);
   });
   std::this_thread::sleep_for(kBlockProbe);
@@ -438,6 +461,7 @@ int main() {
   };
   const TestCase kTests[] = {
       {"FifoAndCloseDrains", tfray::TestFifoAndCloseDrains},
+      {"CloseWakesBlockedConsumer", tfray::TestCloseWakesBlockedConsumer},
       {"BoundedCapacityBlocksProducer",
        tfray::TestBoundedCapacityBlocksProducer},
       {"CancelWakesBothSidesAndReleases",

@@ -20,6 +20,19 @@ from tfray._internal.status import BatchError, Code, EpochError
 # How long a wait may block before the feeder checks for cancellation.
 _POLL_S = 0.1
 
+_live_lock = threading.Lock()
+_live = set()  # Running feeders; guarded by _live_lock.
+
+
+def stop_all(timeout):
+    """Cancels every running feeder's channel and waits for the feeders."""
+    with _live_lock:
+        feeders = list(_live)
+    for feeder in feeders:
+        feeder.channel.cancel()
+    for feeder in feeders:
+        feeder.join(timeout)
+
 
 def aligned_copy(array, alignment):
     """An aligned, C-contiguous copy of ``array`` (for TF, which needs both)."""
@@ -57,6 +70,8 @@ class Feeder(threading.Thread):
         return self._channel
 
     def run(self):
+        with _live_lock:
+            _live.add(self)
         try:
             self._feed()
         except EpochError as e:
@@ -69,9 +84,12 @@ class Feeder(threading.Thread):
                 )
             )
         finally:
+            self._refs = None  # Stats outlive the epoch; the refs need not.
             self._window.clear()
             self.refs_in_flight = 0
             self._channel.close()
+            with _live_lock:
+                _live.discard(self)
 
     def _feed(self):
         exhausted = False

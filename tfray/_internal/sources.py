@@ -15,7 +15,7 @@ import threading
 import ray
 
 from tfray._internal import native, pins, spec
-from tfray._internal.feeder import Feeder
+from tfray._internal.feeder import Feeder, stop_all as stop_feeders
 from tfray._internal.status import Code
 
 logger = logging.getLogger("tfray")
@@ -147,22 +147,28 @@ def _dispatch():
     lib = native.load().lib
     while not _stop.is_set():
         for key, channel in lib.wait_requests(0.2):  # Waits without the GIL.
-            with _lock:
-                source = _sources.get(key)
-            if source is None:
-                channel.push_error(
-                    int(Code.NOT_FOUND),
-                    f"tfray source {key} was unregistered: its tfray.Dataset was "
-                    "garbage collected.",
-                )
-                channel.close()
-                continue
-            try:
-                source.start_epoch(channel)
-            except Exception as e:  # Never leave an iterator waiting.
-                logger.exception("tfray: starting an epoch failed")
-                channel.push_error(int(Code.INTERNAL), f"tfray: starting an epoch failed: {e}")
-                channel.close()
+            _start_epoch(key, channel)
+
+
+def _start_epoch(key, channel):
+    # A function of its own so that no frame keeps the source alive while
+    # the dispatcher waits: a collected dataset must free its refs.
+    with _lock:
+        source = _sources.get(key)
+    if source is None:
+        channel.push_error(
+            int(Code.NOT_FOUND),
+            f"tfray source {key} was unregistered: its tfray.Dataset was "
+            "garbage collected.",
+        )
+        channel.close()
+        return
+    try:
+        source.start_epoch(channel)
+    except Exception as e:  # Never leave an iterator waiting.
+        logger.exception("tfray: starting an epoch failed")
+        channel.push_error(int(Code.INTERNAL), f"tfray: starting an epoch failed: {e}")
+        channel.close()
 
 
 @atexit.register
@@ -172,13 +178,10 @@ def _shutdown():
     # thread leaves its native waits here, before finalization starts.
     _stop.set()
     with _lock:
-        dispatcher, all_sources = _dispatcher, list(_sources.values())
-    feeders = [f for source in all_sources for f in source.feeders()]
-    for feeder in feeders:
-        feeder.channel.cancel()
-    for thread in feeders + [dispatcher]:
-        if thread is not None and thread.is_alive():
-            thread.join(timeout=5)
+        dispatcher = _dispatcher
+    if dispatcher is not None:
+        dispatcher.join(timeout=5)
+    stop_feeders(timeout=5)
     pins.stop()
 
 

@@ -1,0 +1,55 @@
+"""Ray going away under a live iterator, and tfray starting Ray when needed."""
+
+import logging
+
+import numpy as np
+import pytest
+import ray
+import tensorflow as tf
+
+import tfray
+from conftest import start_ray, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def fresh_ray():
+    if ray.is_initialized():
+        ray.shutdown()
+    start_ray()
+    yield
+    ray.shutdown()
+
+
+def test_ray_shutdown_mid_epoch_is_a_clear_error(fresh_ray):
+    """After ray.shutdown(), next() delivers what was resolved, then Unavailable."""
+    refs = [ray.put(np.full((256, 256), i, np.float32)) for i in range(40)]
+    ds = tfray.Dataset(refs, max_inflight=4)
+    it = iter(ds)
+    first = next(it)
+    wait_until(lambda: ds.stats()[-1].queued == 4)
+    ray.shutdown()
+    values = []
+    with pytest.raises(tf.errors.UnavailableError, match="Ray was shut down"):
+        for _ in range(40):
+            values.append(float(next(it)[0, 0]))
+    # Batches resolved before the shutdown are intact and in order.
+    assert values == list(range(1, 1 + len(values)))
+    assert float(first[0, 0]) == 0
+    assert not ray.is_initialized()  # tfray did not start a new Ray.
+
+
+def test_tfray_starts_a_local_ray_and_says_so(caplog):
+    """With no Ray running, building a dataset starts one and logs it."""
+    if ray.is_initialized():
+        ray.shutdown()
+    spec = tf.TensorSpec([None], tf.float32)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tfray"):
+            ds = tfray.Dataset([], element_spec=spec)
+        assert ray.is_initialized()
+        assert "started a local Ray instance" in caplog.text
+        assert list(ds) == []
+    finally:
+        ray.shutdown()
