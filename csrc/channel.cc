@@ -83,9 +83,9 @@ Channel::PushResult Channel::PushItem(Item item, double timeout_s,
   if (item.code == Code::kOk) {
     ++stats_.batches_pushed;
     stats_.bytes_pushed += item.bytes;
-    stats_.bytes_copied += bytes_copied;
-    stats_.arrays_copied += arrays_copied;
   }
+  item.bytes_copied = bytes_copied;
+  item.arrays_copied = arrays_copied;
   items_.push_back(std::move(item));
   lock.unlock();
   not_empty_.notify_one();
@@ -117,6 +117,8 @@ Channel::PopResult Channel::Pop(Batch* batch, Code* code,
     if (item.code == Code::kOk) {
       ++stats_.batches_delivered;
       stats_.bytes_delivered += item.bytes;
+      stats_.bytes_copied += item.bytes_copied;
+      stats_.arrays_copied += item.arrays_copied;
     }
   }
   not_full_.notify_one();

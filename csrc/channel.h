@@ -86,7 +86,9 @@ struct ChannelStats {
   int64_t bytes_pushed = 0;
   int64_t batches_delivered = 0;
   int64_t bytes_delivered = 0;
-  int64_t bytes_copied = 0;  // Reported by the feeder with each batch.
+  // Of the delivered batches, what the feeder had to copy (it reports the
+  // copies it made with each batch).
+  int64_t bytes_copied = 0;
   int64_t arrays_copied = 0;
   int64_t get_next_calls = 0;
   int64_t consumer_wait_ns = 0;  // GetNext waiting on an empty channel.
@@ -130,6 +132,8 @@ class Channel {
     Code code = Code::kOk;  // kOk: a batch; otherwise an error.
     std::string message;
     int64_t bytes = 0;
+    int64_t bytes_copied = 0;
+    int64_t arrays_copied = 0;
   };
 
   PushResult PushItem(Item item, double timeout_s, int64_t bytes_copied,

@@ -251,7 +251,8 @@ void TestCancelWakesBothSidesAndReleases() {
   {
     // After Cancel nothing gets in or out, even items queued before a Close.
     Channel ch(4);
-    CHECK(ch.Push(MakeBatch(303, {8}), 0) == Channel::PushResult::kOk);
+    CHECK(ch.Push(MakeBatch(303, {8}), 0, /*bytes_copied=*/8,
+                  /*arrays_copied=*/1) == Channel::PushResult::kOk);
     CHECK(ch.Push(MakeBatch(304, {8}), 0) == Channel::PushResult::kOk);
     ch.Close();
     ch.Cancel();
@@ -276,6 +277,8 @@ void TestCancelWakesBothSidesAndReleases() {
     CHECK(stats.queued == 0);
     CHECK(stats.batches_pushed == 2);
     CHECK(stats.batches_delivered == 0);
+    CHECK(stats.bytes_copied == 0);  // Dropped batches' copies never count.
+    CHECK(stats.arrays_copied == 0);
   }
   {
     // The destructor cancels too, so a channel dropped with queued batches
@@ -328,8 +331,9 @@ void TestReleaseTokenPostsOnceOnLastHolder() {
   CHECK((ids == std::vector<uint64_t>{403}));
 }
 
-// Guards the counters the Python side reports: what each call adds, and
-// that refused pushes and errors add no batch traffic.
+// Guards the counters the Python side reports: what each call adds, that
+// copies count only once their batch is delivered, and that refused pushes
+// and errors add no batch traffic.
 void TestStats() {
   ClearReleased();
   Channel ch(3);
@@ -339,7 +343,8 @@ void TestStats() {
 
   CHECK(ch.Push(MakeBatch(501, {100, 28}), 0, /*bytes_copied=*/100,
                 /*arrays_copied=*/1) == Channel::PushResult::kOk);
-  CHECK(ch.Push(MakeBatch(502, {64}), 0) == Channel::PushResult::kOk);
+  CHECK(ch.Push(MakeBatch(502, {64}), 0, /*bytes_copied=*/64,
+                /*arrays_copied=*/1) == Channel::PushResult::kOk);
   CHECK(ch.PushError(Code::kDataLoss, "lost", 0) == Channel::PushResult::kOk);
   // Full now: this one is refused and must not count, copies included.
   CHECK(ch.Push(MakeBatch(503, {1000}), 0.01, 7, 7) ==
@@ -348,8 +353,8 @@ void TestStats() {
   s = ch.Stats();
   CHECK(s.batches_pushed == 2);
   CHECK(s.bytes_pushed == 192);
-  CHECK(s.bytes_copied == 100);
-  CHECK(s.arrays_copied == 1);
+  CHECK(s.bytes_copied == 0);  // Nothing delivered yet.
+  CHECK(s.arrays_copied == 0);
   CHECK(s.batches_delivered == 0);
   CHECK(s.bytes_delivered == 0);
   CHECK(s.get_next_calls == 0);
@@ -362,6 +367,8 @@ void TestStats() {
   s = ch.Stats();
   CHECK(s.batches_delivered == 1);
   CHECK(s.bytes_delivered == 128);
+  CHECK(s.bytes_copied == 100);
+  CHECK(s.arrays_copied == 1);
   CHECK(s.get_next_calls == 1);
   CHECK(s.queued == 2);
 
@@ -376,8 +383,8 @@ void TestStats() {
   CHECK(s.bytes_pushed == 192);
   CHECK(s.batches_delivered == 2);
   CHECK(s.bytes_delivered == 192);
-  CHECK(s.bytes_copied == 100);
-  CHECK(s.arrays_copied == 1);
+  CHECK(s.bytes_copied == 164);
+  CHECK(s.arrays_copied == 2);
   CHECK(s.get_next_calls == 4);  // Every Pop counts, the end included.
   CHECK(s.queued == 0);
   CHECK(s.closed);

@@ -10,10 +10,10 @@ class IteratorStats:
     Attributes:
         batches: batches delivered to TensorFlow.
         bytes: bytes delivered to TensorFlow.
-        bytes_zero_copy: bytes handed over without a copy.
-        bytes_copied: bytes that had to be copied (unaligned or
-            non-contiguous arrays), once each.
-        arrays_copied: how many arrays were copied.
+        bytes_zero_copy: of ``bytes``, those handed over without a copy.
+        bytes_copied: of ``bytes``, those that had to be copied once
+            (unaligned or non-contiguous arrays).
+        arrays_copied: how many delivered arrays were copied.
         consumer_wait_s: time TensorFlow waited on an empty channel
             (the pipeline was input-bound).
         producer_wait_s: time the feeder waited on a full channel
@@ -21,8 +21,9 @@ class IteratorStats:
         refs_in_flight: refs being resolved ahead of the consumer now.
         queued: batches resolved and waiting in the channel now.
         get_next_calls: calls TensorFlow made for the next batch.
-        finished: the feeder has delivered the whole epoch or stopped.
-        cancelled: the iterator was dropped or cancelled.
+        finished: the feeder has pushed the whole epoch, or stopped.
+        cancelled: the iterator is gone (dropped, even after a full
+            epoch, or cancelled by TensorFlow).
     """
 
     batches: int
@@ -44,7 +45,7 @@ def of_feeder(feeder):
     return IteratorStats(
         batches=s["batches_delivered"],
         bytes=s["bytes_delivered"],
-        bytes_zero_copy=s["bytes_pushed"] - s["bytes_copied"],
+        bytes_zero_copy=s["bytes_delivered"] - s["bytes_copied"],
         bytes_copied=s["bytes_copied"],
         arrays_copied=s["arrays_copied"],
         consumer_wait_s=s["consumer_wait_s"],
