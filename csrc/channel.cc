@@ -13,11 +13,12 @@ int64_t ElapsedNs(Clock::time_point start) {
       .count();
 }
 
-// Waits on `cv` until `ready()`; a negative timeout waits without limit.
+// Waits on `cv` until `ready()`. A negative, NaN or huge timeout waits
+// without limit: wait_for() would overflow converting it to nanoseconds.
 template <typename Pred>
 bool WaitFor(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
              double timeout_s, Pred ready) {
-  if (timeout_s < 0) {
+  if (!(timeout_s >= 0 && timeout_s < 1e9)) {
     cv.wait(lock, ready);
     return true;
   }

@@ -107,8 +107,10 @@ class Channel {
   explicit Channel(size_t capacity);
   ~Channel();
 
-  // Producer side. Push blocks while the channel is full, up to `timeout_s`
-  // (negative: no limit), and returns early when the consumer cancels.
+  // Producer side (one producer per channel; nothing may be pushed after
+  // Close). Push blocks while the channel is full, up to `timeout_s`
+  // (negative: no limit), and returns early when the consumer cancels. A
+  // batch that is not queued is dropped, releasing its token.
   // `bytes_copied`/`arrays_copied` account copies the feeder had to make.
   PushResult Push(Batch batch, double timeout_s, int64_t bytes_copied = 0,
                   int64_t arrays_copied = 0);

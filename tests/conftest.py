@@ -24,14 +24,24 @@ def start_ray():
     )
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    """A local Ray for this module (2 CPUs, a 150 MB object store)."""
+def _local_ray():
     if ray.is_initialized():
         ray.shutdown()
     start_ray()
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A local Ray for this module (2 CPUs, a 150 MB object store)."""
+    yield from _local_ray()
+
+
+@pytest.fixture
+def fresh_ray():
+    """A local Ray for one test, for tests that shut it down."""
+    yield from _local_ray()
 
 
 def without_prefetch(ds):

@@ -149,3 +149,42 @@ def test_dropping_an_iterator_mid_epoch_releases_every_pin():
     wait_until(lambda: pins.count() == 0)
     del ds, refs
     wait_until(lambda: store_bytes_used() <= baseline)
+
+
+def test_a_blocked_get_next_honours_tf_cancellation():
+    """GetNext waiting on a batch not yet produced returns when TF cancels."""
+    import threading
+
+    from tensorflow.python.eager import cancellation
+
+    @ray.remote
+    def slow_batch():
+        import time
+
+        time.sleep(60)
+        return np.zeros(4, np.float32)
+
+    ds = tfray.Dataset([slow_batch.remote()], element_spec=tf.TensorSpec([None], tf.float32))
+
+    @tf.function
+    def first(d):
+        return next(iter(d))  # The iterator is made inside the function.
+
+    manager = cancellation.CancellationManager()
+    cancelable = manager.get_cancelable_function(first.get_concrete_function(ds))
+    outcome = {}
+
+    def consume():
+        try:
+            cancelable(ds)
+        except tf.errors.CancelledError as e:
+            outcome["error"] = e
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    wait_until(lambda: ds.stats() and ds.stats()[-1].get_next_calls >= 1)
+    manager.start_cancel()
+    consumer.join(timeout=20)
+    assert not consumer.is_alive(), "GetNext ignored the cancellation"
+    assert "error" in outcome
+    wait_until(lambda: ds.stats()[-1].finished)  # The feeder stopped too.

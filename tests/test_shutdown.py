@@ -8,18 +8,9 @@ import ray
 import tensorflow as tf
 
 import tfray
-from conftest import start_ray, wait_until
+from conftest import wait_until
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture
-def fresh_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    start_ray()
-    yield
-    ray.shutdown()
 
 
 def test_ray_shutdown_mid_epoch_is_a_clear_error(fresh_ray):

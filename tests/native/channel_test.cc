@@ -7,6 +7,7 @@
 // CHECK instead of a hung test run.
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -91,6 +92,27 @@ bool WaitForFlag(const std::atomic<bool>& flag) {
   return true;
 }
 
+// Starts a consumer on the empty `ch`, checks that it blocks, calls `wake`
+// and returns what the consumer's Pop returned once woken.
+Channel::PopResult PopWhileBlocked(Channel& ch,
+                                   const std::function<void()>& wake) {
+  std::atomic<bool> done{false};
+  Channel::PopResult result = Channel::PopResult::kBatch;
+  std::thread consumer([&] {
+    Batch batch;
+    Code code;
+    std::string message;
+    result = ch.Pop(&batch, &code, &message);
+    done.store(true);
+  });
+  std::this_thread::sleep_for(kBlockProbe);
+  CHECK(!done.load());
+  wake();
+  CHECK(WaitForFlag(done));
+  consumer.join();
+  return result;
+}
+
 // Guards that batches and errors reach the consumer in push order, and that
 // Close lets queued items drain before a sticky end of sequence.
 void TestFifoAndCloseDrains() {
@@ -143,21 +165,7 @@ void TestFifoAndCloseDrains() {
 // which would otherwise wait forever for an item that never comes.
 void TestCloseWakesBlockedConsumer() {
   Channel ch(1);
-  std::atomic<bool> done{false};
-  Channel::PopResult result = Channel::PopResult::kBatch;
-  std::thread consumer([&] {
-    Batch batch;
-    Code code;
-    std::string message;
-    result = ch.Pop(&batch, &code, &message);
-    done.store(true);
-  });
-  std::this_thread::sleep_for(kBlockProbe);
-  CHECK(!done.load());
-  ch.Close();
-  CHECK(WaitForFlag(done));
-  consumer.join();
-  CHECK(result == Channel::PopResult::kEnd);
+  CHECK(PopWhileBlocked(ch, [&] { ch.Close(); }) == Channel::PopResult::kEnd);
 }
 
 // Guards backpressure: a full channel blocks (or times out) the producer
@@ -232,21 +240,8 @@ void TestCancelWakesBothSidesAndReleases() {
   {
     // A consumer stuck on an empty channel.
     Channel ch(1);
-    std::atomic<bool> done{false};
-    Channel::PopResult result = Channel::PopResult::kBatch;
-    std::thread consumer([&] {
-      Batch batch;
-      Code code;
-      std::string message;
-      result = ch.Pop(&batch, &code, &message);
-      done.store(true);
-    });
-    std::this_thread::sleep_for(kBlockProbe);
-    CHECK(!done.load());
-    ch.Cancel();
-    CHECK(WaitForFlag(done));
-    consumer.join();
-    CHECK(result == Channel::PopResult::kCancelled);
+    CHECK(PopWhileBlocked(ch, [&] { ch.Cancel(); }) ==
+          Channel::PopResult::kCancelled);
   }
   {
     // After Cancel nothing gets in or out, even items queued before a Close.
