@@ -142,11 +142,14 @@ PYBIND11_MODULE(_native, m) {
           requests = tfray::SourceRegistry::Global().WaitRequests(timeout);
         }
         py::list out;
-        for (auto& r : requests) out.append(py::make_tuple(r.key, r.channel));
+        for (auto& r : requests) {
+          out.append(py::make_tuple(r.key, r.channel, r.deterministic));
+        }
         return out;
       },
       py::arg("timeout"),
-      "Waits for new-epoch requests from TF iterators: [(key, Channel)].");
+      "Waits for new-epoch requests from TF iterators: "
+      "[(key, Channel, deterministic)].");
   m.def(
       "drain_released",
       [](double timeout) {

@@ -180,12 +180,11 @@ bool SourceRegistry::Lookup(int64_t key, SourceInfo* info) const {
   return true;
 }
 
-bool SourceRegistry::RequestEpoch(int64_t key,
-                                  std::shared_ptr<Channel> channel) {
+bool SourceRegistry::RequestEpoch(Request request) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (sources_.count(key) == 0) return false;
-    requests_.push_back(Request{key, std::move(channel)});
+    if (sources_.count(request.key) == 0) return false;
+    requests_.push_back(std::move(request));
   }
   cv_.notify_all();
   return true;

@@ -167,12 +167,14 @@ class SourceRegistry {
   void Unregister(int64_t key);
   // Returns false if `key` is not registered (its dataset was collected).
   bool Lookup(int64_t key, SourceInfo* info) const;
-  bool RequestEpoch(int64_t key, std::shared_ptr<Channel> channel);
-
   struct Request {
     int64_t key = 0;
     std::shared_ptr<Channel> channel;
+    // tf.data.Options().deterministic as the pipeline set it (default true):
+    // sources that can interleave producers follow it unless told otherwise.
+    bool deterministic = true;
   };
+  bool RequestEpoch(Request request);
   // Waits up to `timeout_s` for requests and returns all pending ones.
   std::vector<Request> WaitRequests(double timeout_s);
 

@@ -10,6 +10,7 @@
 #include "channel.h"
 #include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/cancellation.h"
+#include "tensorflow/core/framework/dataset_options.pb.h"
 #include "tensorflow/core/framework/model.h"
 #include "tensorflow/core/framework/partial_tensor_shape.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -143,7 +144,11 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
       TF_RETURN_IF_ERROR(tensorflow::RegisterCancellationCallback(
           ctx->cancellation_manager(),
           [channel = channel_]() { channel->Cancel(); }, &deregister_fn_));
-      if (!SourceRegistry::Global().RequestEpoch(dataset()->key_, channel_)) {
+      SourceRegistry::Request request{dataset()->key_, channel_};
+      if (ctx->options() != nullptr && ctx->options()->has_deterministic()) {
+        request.deterministic = ctx->options()->deterministic();
+      }
+      if (!SourceRegistry::Global().RequestEpoch(std::move(request))) {
         return absl::NotFoundError(absl::StrCat(
             "tfray source ", dataset()->key_,
             " is no longer registered: its tfray.Dataset was garbage "

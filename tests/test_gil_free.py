@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
 N = 24
 SIDE = 512  # One 512x512 float32 batch (1 MB) per step.
-HOLD_S = 6.0
-WORK = 4  # Matmuls per batch.
+HOLD_S = 8.0
+WORK = 2  # Matmuls per batch.
 
 
 def hold_gil(seconds):

@@ -2,16 +2,28 @@
 
 import weakref
 
+import ray
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 
-from tfray._internal import native, sources, stats
+from tfray._internal import native, registry, sources, stats
 
-_DEFAULT_MAX_INFLIGHT = 8
+_MAX_INFLIGHT = 8
+_MAX_INFLIGHT_PER_PRODUCER = 2
+_RAY_DATA_CAPACITY = 4
+
+
+def _is_ray_data(source):
+    module = type(source).__module__
+    if not module.startswith("ray.data"):
+        return False
+    import ray.data
+
+    return isinstance(source, (ray.data.Dataset, ray.data.DataIterator))
 
 
 class Dataset(dataset_ops.DatasetSource):
-    """A ``tf.data.Dataset`` whose elements are batches held in Ray's object store.
+    """A ``tf.data.Dataset`` whose elements are batches made by Ray.
 
     Each batch is a numpy array, or a dict / tuple / list nest of them, with a
     numeric or bool dtype. The native source op hands the batch memory to
@@ -19,16 +31,19 @@ class Dataset(dataset_ops.DatasetSource):
     without taking the GIL on any TensorFlow thread. Each new iterator is a new
     epoch.
 
-    ``tfray.Dataset(source, ...)`` dispatches on ``source``: a list (or one-shot
-    iterator) of ``ray.ObjectRef`` goes to :meth:`from_refs`.
+    ``tfray.Dataset(source, ...)`` dispatches on ``source``:
+
+    - ``ray.ObjectRef``\\ s (a list, or a one-shot iterator): :meth:`from_refs`;
+    - a generator function with ``shards=...``: :meth:`from_generators`;
+    - a Ray Data ``Dataset`` or ``DataIterator`` with ``batch_size=...``:
+      :meth:`from_ray_data`.
 
     Args:
         source: what the batches come from (see above).
         element_spec: a nest of ``tf.TensorSpec`` matching each batch, or None
-            to infer it from the first batch with the leading (batch) dimension
-            unknown, so a short last batch is fine.
-        max_inflight: batches resolved ahead of the consumer, per iterator.
-            They stay pinned in the object store until TensorFlow is done.
+            to infer it from the first batch, with the leading (batch)
+            dimension unknown so a short last batch is fine.
+        **options: the keyword options of the constructor dispatched to.
 
     Examples:
         >>> refs = [make_batch.remote(i) for i in range(100)]
@@ -36,22 +51,20 @@ class Dataset(dataset_ops.DatasetSource):
         >>> model.fit(ds.prefetch(tf.data.AUTOTUNE), epochs=3)
     """
 
-    def __init__(self, source, *, element_spec=None, max_inflight=_DEFAULT_MAX_INFLIGHT):
+    def __init__(self, source, *, element_spec=None, **options):
         self._name = None  # tf.data's op-name metadata; unnamed.
         sources.ensure_ray()
-        self._source = sources.RefsSource(
-            source, element_spec=element_spec, max_inflight=max_inflight
-        )
+        self._source = _make_source(source, element_spec, options)
         self._structure = self._source.element_spec
-        key = sources.register(self._source)
-        self._unregister = weakref.finalize(self, sources.unregister, key)
+        key = registry.register(self._source)
+        self._unregister = weakref.finalize(self, registry.unregister, key)
         variant = native.load().ops.tfray_dataset(
             source_key=tf.constant(key, dtype=tf.int64), **self._common_args
         )
         super().__init__(variant)
 
     @classmethod
-    def from_refs(cls, refs, *, element_spec=None, max_inflight=_DEFAULT_MAX_INFLIGHT):
+    def from_refs(cls, refs, *, element_spec=None, max_inflight=_MAX_INFLIGHT):
         """A dataset over batches that Ray tasks, actors or ``ray.put`` made.
 
         Args:
@@ -60,12 +73,123 @@ class Dataset(dataset_ops.DatasetSource):
                 known), or an iterator of them (read once; a second iterator
                 raises ``FailedPreconditionError`` from ``next()``).
             element_spec: see :class:`Dataset`.
-            max_inflight: see :class:`Dataset`.
+            max_inflight: batches resolved ahead of the consumer, per
+                iterator. They stay pinned in the object store until
+                TensorFlow is done with them.
 
         Returns:
             A ``tfray.Dataset``.
         """
         return cls(refs, element_spec=element_spec, max_inflight=max_inflight)
+
+    @classmethod
+    def from_generators(
+        cls,
+        fn,
+        shards,
+        *,
+        element_spec=None,
+        max_inflight_per_producer=_MAX_INFLIGHT_PER_PRODUCER,
+        deterministic=None,
+        ray_remote_args=None,
+    ):
+        """A dataset over batches that generator functions yield, in parallel.
+
+        Each epoch runs ``fn(shard)`` for every shard as a streaming Ray task
+        (a producer), whose batches go straight into the object store while
+        the trainer trains. Dropping an iterator cancels its producers.
+
+        Args:
+            fn: a generator function ``fn(shard)`` yielding batches (the forms
+                ``from_refs`` takes). It runs on Ray workers: it must pickle.
+            shards: an int N (shards ``0..N-1``) or a list of per-shard arguments.
+            element_spec: see :class:`Dataset`. When None, the first epoch's
+                producers start at construction and the first batch gives the
+                spec; that running epoch serves the first iterator.
+            max_inflight_per_producer: batches a producer may have waiting in
+                the object store before it pauses (Ray's generator
+                backpressure). tfray also resolves up to this many per producer
+                ahead of the consumer.
+            deterministic: True interleaves shards round-robin (the same order
+                every epoch for deterministic generators); False takes
+                whichever batch is ready first; None follows
+                ``tf.data.Options().deterministic`` (default True).
+            ray_remote_args: options for the producer tasks, e.g.
+                ``{"num_cpus": 1, "max_retries": 3}``.
+
+        Returns:
+            A ``tfray.Dataset`` of unknown cardinality.
+
+        Examples:
+            >>> def read_shard(shard):
+            ...     for i in range(10):
+            ...         yield {"x": np.full((32, 8), shard, np.float32)}
+            >>> ds = tfray.Dataset.from_generators(read_shard, 4)
+        """
+        return cls(
+            fn,
+            element_spec=element_spec,
+            shards=shards,
+            max_inflight_per_producer=max_inflight_per_producer,
+            deterministic=deterministic,
+            ray_remote_args=ray_remote_args,
+        )
+
+    @classmethod
+    def from_ray_data(
+        cls,
+        ray_ds,
+        *,
+        batch_size,
+        feature_columns=None,
+        label_columns=None,
+        drop_last=False,
+        local_shuffle_buffer_size=None,
+        local_shuffle_seed=None,
+        prefetch_batches=1,
+        element_spec=None,
+    ):
+        """A drop-in for ``ray_ds.to_tf(...)``, fed through tfray's op.
+
+        Elements are structured as ``to_tf`` structures them: ``(features,
+        labels)``, each a tensor when its columns are a string and a dict when
+        a list. With ``label_columns=None`` an element is ``features`` alone;
+        with ``feature_columns=None`` too, a dict of every column.
+
+        Each epoch is one run of ``ray_ds.iter_batches``. Fixed-shape numeric
+        and tensor columns of a batch that lies in one block reach TF without
+        a copy (where aligned); a batch spanning blocks costs Ray Data one
+        copy. Variable-length columns are refused with an error naming the
+        column: pad or resize them in Ray Data first.
+
+        Args:
+            ray_ds: a ``ray.data.Dataset`` or ``ray.data.DataIterator`` (e.g.
+                ``ray.train.get_dataset_shard("train")``).
+            batch_size: rows per batch.
+            feature_columns: a column name, a list of names, or None (all).
+            label_columns: a column name, a list of names, or None (none).
+            drop_last: drop a last batch shorter than ``batch_size``.
+            local_shuffle_buffer_size: as in ``iter_batches``.
+            local_shuffle_seed: as in ``iter_batches``.
+            prefetch_batches: as in ``iter_batches``.
+            element_spec: see :class:`Dataset`. When None, the first epoch
+                starts at construction and its first batch gives the spec; that
+                running epoch serves the first iterator (no second execution).
+
+        Returns:
+            A ``tfray.Dataset`` of unknown cardinality.
+        """
+        return cls(
+            ray_ds,
+            element_spec=element_spec,
+            batch_size=batch_size,
+            feature_columns=feature_columns,
+            label_columns=label_columns,
+            drop_last=drop_last,
+            local_shuffle_buffer_size=local_shuffle_buffer_size,
+            local_shuffle_seed=local_shuffle_seed,
+            prefetch_batches=prefetch_batches,
+        )
 
     @property
     def element_spec(self):
@@ -78,3 +202,62 @@ class Dataset(dataset_ops.DatasetSource):
             A list of ``tfray.IteratorStats``, one per iterator (epoch).
         """
         return [stats.of_feeder(f) for f in self._source.feeders()]
+
+
+def _make_source(source, element_spec, options):
+    if _is_ray_data(source):
+        return _ray_data_source(source, element_spec, **options)
+    if callable(source) and not isinstance(source, ray.ObjectRef):
+        return _generator_source(source, element_spec, **options)
+    return _refs_source(source, element_spec, **options)
+
+
+def _refs_source(refs, element_spec, *, max_inflight=_MAX_INFLIGHT):
+    return sources.RefsSource(refs, element_spec=element_spec, max_inflight=max_inflight)
+
+
+def _generator_source(
+    fn,
+    element_spec,
+    *,
+    shards,
+    max_inflight_per_producer=_MAX_INFLIGHT_PER_PRODUCER,
+    deterministic=None,
+    ray_remote_args=None,
+):
+    return sources.GeneratorSource(
+        fn,
+        shards,
+        element_spec=element_spec,
+        max_inflight_per_producer=max_inflight_per_producer,
+        deterministic=deterministic,
+        ray_remote_args=ray_remote_args,
+    )
+
+
+def _ray_data_source(
+    data,
+    element_spec,
+    *,
+    batch_size,
+    feature_columns=None,
+    label_columns=None,
+    drop_last=False,
+    local_shuffle_buffer_size=None,
+    local_shuffle_seed=None,
+    prefetch_batches=1,
+):
+    return sources.RayDataSource(
+        data,
+        element_spec=element_spec,
+        feature_columns=feature_columns,
+        label_columns=label_columns,
+        capacity=_RAY_DATA_CAPACITY,
+        iter_batches_args=dict(
+            batch_size=sources.positive_int("batch_size", batch_size),
+            drop_last=drop_last,
+            local_shuffle_buffer_size=local_shuffle_buffer_size,
+            local_shuffle_seed=local_shuffle_seed,
+            prefetch_batches=prefetch_batches,
+        ),
+    )

@@ -399,7 +399,7 @@ void TestSourceRegistry() {
   SourceRegistry::SourceInfo info;
   CHECK(!registry.Lookup(kUnknown, &info));
   auto unknown_channel = std::make_shared<Channel>(1);
-  CHECK(!registry.RequestEpoch(kUnknown, unknown_channel));
+  CHECK(!registry.RequestEpoch({kUnknown, unknown_channel}));
   CHECK(unknown_channel.use_count() == 1);  // Not kept anywhere.
 
   registry.Register(kKeyA, {/*cardinality=*/10, /*capacity=*/3});
@@ -418,9 +418,9 @@ void TestSourceRegistry() {
   auto ch1 = std::make_shared<Channel>(4);
   auto ch2 = std::make_shared<Channel>(1);
   auto ch3 = std::make_shared<Channel>(4);
-  CHECK(registry.RequestEpoch(kKeyA, ch1));
-  CHECK(registry.RequestEpoch(kKeyB, ch2));
-  CHECK(registry.RequestEpoch(kKeyA, ch3));
+  CHECK(registry.RequestEpoch({kKeyA, ch1}));
+  CHECK(registry.RequestEpoch({kKeyB, ch2}));
+  CHECK(registry.RequestEpoch({kKeyA, ch3}));
   std::vector<SourceRegistry::Request> requests =
       registry.WaitRequests(kWakeDeadlineS);
   CHECK(requests.size() == 3);
@@ -434,7 +434,7 @@ void TestSourceRegistry() {
   // A request from another thread wakes a waiting dispatcher early.
   std::thread requester([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    registry.RequestEpoch(kKeyB, ch2);
+    registry.RequestEpoch({kKeyB, ch2});
   });
   start = Clock::now();
   requests = registry.WaitRequests(kWakeDeadlineS);
@@ -445,7 +445,7 @@ void TestSourceRegistry() {
 
   registry.Unregister(kKeyA);
   CHECK(!registry.Lookup(kKeyA, &info));
-  CHECK(!registry.RequestEpoch(kKeyA, ch1));
+  CHECK(!registry.RequestEpoch({kKeyA, ch1}));
   CHECK(registry.Lookup(kKeyB, &info));  // Only the named key goes.
   registry.Unregister(kKeyB);
   registry.Unregister(kUnknown);  // Unknown keys are a no-op.

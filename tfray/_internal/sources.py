@@ -1,60 +1,87 @@
-"""Sources of batches, and the dispatcher that starts a feeder per iterator.
+"""Sources: what a tfray dataset reads, and how each epoch of it starts.
 
-Each tfray dataset registers a source under an integer key; the dataset graph
-carries only that key. A TF iterator asks for an epoch by posting a channel
-to the native registry (no GIL needed); the dispatcher thread here takes the
-request and starts a feeder on it.
+A source knows its element spec, cardinality and channel capacity, and opens
+a stream per epoch (see feeder.py for what a stream is). Sources that must
+run their producers to learn the element spec start the first epoch at
+construction and hand that running epoch to the first iterator, so nothing is
+executed twice just to learn a schema.
 """
 
-import atexit
 import collections
-import itertools
 import logging
-import threading
 
 import ray
 
-from tfray._internal import native, pins, spec
-from tfray._internal.feeder import Feeder, stop_all as stop_feeders
-from tfray._internal.status import Code
+from tfray._internal import spec
+from tfray._internal.generators import GeneratorShards
+from tfray._internal.ray_data import RayDataBatches
+from tfray._internal.resolver import RefList, RefResolver
+from tfray._internal.status import BatchError, Code
 
 logger = logging.getLogger("tfray")
 
 UNKNOWN_CARDINALITY = -2
 
-_lock = threading.Lock()
-_sources = {}  # key -> source; guarded by _lock.
-_keys = itertools.count(1)
-_dispatcher = None  # guarded by _lock.
-_stop = threading.Event()
+
+def ensure_ray():
+    """Starts a local Ray if none is running, and says so."""
+    if not ray.is_initialized():
+        ray.init()
+        logger.warning(
+            "tfray: Ray was not initialized; started a local Ray instance "
+            "(call ray.init() first to choose its resources)."
+        )
 
 
-class OneShotError(Exception):
-    pass
+def positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name}: expected >= 1, got {value}")
+    return value
 
 
-class RefsSource:
-    """Batches that are ObjectRefs: a sequence (replayable) or an iterator (once).
+class Source:
+    """What every source has: a spec, a bound, and its recent epochs' feeders."""
 
-    Args:
-        refs: a list / tuple of ObjectRefs, or an iterator of them.
-        element_spec: a nest of tf.TensorSpec, or None to infer it from the
-            first batch.
-        max_inflight: refs resolved ahead of the consumer per iterator; also
-            the number of batches each iterator's channel holds.
-    """
+    cardinality = UNKNOWN_CARDINALITY
+
+    def __init__(self, element_spec, capacity, prestarted=None):
+        self.element_spec = element_spec
+        self.flat_spec = spec.FlatSpec(element_spec)
+        self.capacity = capacity  # Batches each epoch's channel holds.
+        self._feeders = collections.deque(maxlen=256)  # For stats().
+        self._prestarted = prestarted  # An epoch started to learn the spec.
+
+    def open_epoch(self, *, deterministic):
+        raise NotImplementedError
+
+    def take_prestarted(self):
+        stream, self._prestarted = self._prestarted, None
+        return stream
+
+    def record(self, feeder):
+        self._feeders.append(feeder)
+
+    def feeders(self):
+        return list(self._feeders)
+
+    def close(self):
+        """Stops a started epoch no iterator took (the dataset is gone)."""
+        stream = self.take_prestarted()
+        if stream is not None:
+            stream.close()
+
+
+class RefsSource(Source):
+    """ObjectRefs: a sequence (replayable) or an iterator (read once)."""
 
     def __init__(self, refs, *, element_spec, max_inflight):
-        if isinstance(max_inflight, bool) or not isinstance(max_inflight, int):
-            raise TypeError(f"max_inflight: expected an int, got {type(max_inflight).__name__}")
-        if max_inflight < 1:
-            raise ValueError(f"max_inflight: expected >= 1, got {max_inflight}")
-        self.max_inflight = max_inflight
+        self.max_inflight = positive_int("max_inflight", max_inflight)
         if isinstance(refs, ray.ObjectRef):
             refs = [refs]
         if isinstance(refs, (list, tuple)):
-            self._refs = list(refs)
-            self._iterator = None
+            self._refs, self._iterator = list(refs), None
             self.cardinality = len(self._refs)
             first = self._refs[0] if self._refs else None
         else:
@@ -67,129 +94,152 @@ class RefsSource:
                 ) from None
             first = next(iterator, None)
             self._refs = None
-            self._iterator = itertools.chain([first], iterator) if first is not None else iterator
-            self.cardinality = UNKNOWN_CARDINALITY
-        for ref in self._refs or ([first] if first is not None else []):
+            self._iterator = iterator if first is None else _prepend(first, iterator)
+        for ref in self._refs if self._refs is not None else [first] * (first is not None):
             if not isinstance(ref, ray.ObjectRef):
-                raise TypeError(
-                    f"from_refs: expected ray.ObjectRef items, got {type(ref).__name__}"
-                )
+                raise TypeError(f"from_refs: expected ray.ObjectRef items, got {type(ref).__name__}")
         if element_spec is None:
             if first is None:
-                raise ValueError(
-                    "from_refs: cannot infer element_spec from no refs; pass element_spec."
-                )
+                raise ValueError("from_refs: cannot infer element_spec from no refs; pass element_spec.")
             element_spec = spec.infer(ray.get(first))
-        self.element_spec = element_spec
-        self.flat_spec = spec.FlatSpec(element_spec)
-        self._feeders = collections.deque(maxlen=256)  # Recent epochs, for stats.
+        super().__init__(element_spec, capacity=self.max_inflight)
 
-    def epoch_refs(self):
-        """The refs of a new epoch, as an iterator."""
+    def open_epoch(self, *, deterministic):
         if self._refs is not None:
-            return iter(self._refs)
-        if self._iterator is None:
-            raise OneShotError(
-                "tfray: this dataset was built from a one-shot iterator of refs "
-                "and has been read once already. Pass a list of refs to "
-                "from_refs to read it again (each iterator is a new epoch)."
+            refs = self._refs
+        elif self._iterator is not None:
+            refs, self._iterator = self._iterator, None
+        else:
+            raise BatchError(
+                Code.FAILED_PRECONDITION,
+                "tfray: this dataset was built from a one-shot iterator of refs and "
+                "has been read once already. Pass a list of refs to from_refs to "
+                "read it again (each iterator is a new epoch).",
             )
-        iterator, self._iterator = self._iterator, None
-        return iterator
+        return RefResolver(RefList(refs), max_inflight=self.max_inflight)
 
-    def start_epoch(self, channel):
+
+def _prepend(first, iterator):
+    yield first
+    yield from iterator
+
+
+class GeneratorSource(Source):
+    """``fn(shard)`` generators, each run as a streaming Ray task per epoch."""
+
+    def __init__(
+        self, fn, shards, *, element_spec, max_inflight_per_producer, deterministic, ray_remote_args
+    ):
+        if not callable(fn):
+            raise TypeError(f"from_generators: fn must be callable, got {type(fn).__name__}")
+        if isinstance(shards, bool) or not isinstance(shards, (int, list, tuple)):
+            raise TypeError(
+                f"from_generators: shards must be an int or a list, got {type(shards).__name__}"
+            )
+        self._shards = list(range(positive_int("shards", shards))) if isinstance(shards, int) else list(shards)
+        if not self._shards:
+            raise ValueError("from_generators: shards is empty")
+        if deterministic not in (None, True, False):
+            raise TypeError(f"deterministic: expected None or a bool, got {deterministic!r}")
+        if ray_remote_args is not None and not isinstance(ray_remote_args, dict):
+            raise TypeError(f"ray_remote_args: expected a dict, got {type(ray_remote_args).__name__}")
+        self._fn = fn
+        self._per_producer = positive_int("max_inflight_per_producer", max_inflight_per_producer)
+        self._deterministic = deterministic
+        self._ray_remote_args = ray_remote_args
+        self._window = self._per_producer * len(self._shards)
+        prestarted = None
+        if element_spec is None:
+            element_spec, prestarted = self._infer_spec()
+        super().__init__(element_spec, capacity=self._window, prestarted=prestarted)
+
+    def _start(self):
+        return GeneratorShards(
+            self._fn,
+            self._shards,
+            max_inflight_per_producer=self._per_producer,
+            ray_remote_args=self._ray_remote_args,
+        )
+
+    def _infer_spec(self):
+        shards = self._start()
+        first = shards.take(1, timeout=None)
+        if not first:
+            shards.close()
+            raise ValueError("from_generators: no shard yielded a batch; pass element_spec.")
+        label, ref = first[0]
         try:
-            refs = self.epoch_refs()
-        except OneShotError as e:
-            channel.push_error(int(Code.FAILED_PRECONDITION), str(e))
-            channel.close()
-            return
-        feeder = Feeder(
-            refs,
-            self.flat_spec,
-            channel,
-            max_inflight=self.max_inflight,
-            alignment=native.load().lib.TENSOR_ALIGNMENT,
+            element_spec = spec.infer(ray.get(ref))
+        except ray.exceptions.RayTaskError as e:
+            shards.close()
+            raise ValueError(f"from_generators: {label} raised while inferring element_spec: {e}") from e
+        return element_spec, _Prepended(first, shards)
+
+    def open_epoch(self, *, deterministic):
+        shards = self.take_prestarted() or self._start()
+        shards.deterministic = deterministic if self._deterministic is None else self._deterministic
+        return RefResolver(shards, max_inflight=self._window)
+
+
+class _Prepended:
+    """A ref stream with some ``(label, ref)`` pairs already taken from it."""
+
+    def __init__(self, taken, stream):
+        self._taken = list(taken)
+        self._stream = stream
+
+    @property
+    def done(self):
+        return not self._taken and self._stream.done
+
+    @property
+    def deterministic(self):
+        return self._stream.deterministic
+
+    @deterministic.setter
+    def deterministic(self, value):
+        self._stream.deterministic = value
+
+    def take(self, n, timeout):
+        out, self._taken = self._taken[:n], self._taken[n:]
+        if len(out) < n:
+            out += self._stream.take(n - len(out), 0 if out else timeout)
+        return out
+
+    def close(self):
+        self._taken = []
+        self._stream.close()
+
+
+class RayDataSource(Source):
+    """A Ray Data Dataset or DataIterator, read with ``iter_batches`` per epoch."""
+
+    def __init__(self, data, *, element_spec, feature_columns, label_columns, capacity, iter_batches_args):
+        self._data = data
+        self._features = feature_columns
+        self._labels = label_columns
+        self._iter_batches_args = iter_batches_args
+        stream = None
+        if element_spec is None:
+            stream = self._start()
+            try:
+                first = stream.peek()
+            except BatchError as e:
+                stream.close()
+                raise ValueError(f"from_ray_data: {e.message}") from None
+            if first is None:
+                stream.close()
+                raise ValueError("from_ray_data: the dataset is empty; pass element_spec.")
+            element_spec = spec.infer(first)
+        super().__init__(element_spec, capacity=capacity, prestarted=stream)
+
+    def _start(self):
+        return RayDataBatches(
+            self._data,
+            feature_columns=self._features,
+            label_columns=self._labels,
+            iter_batches_args=self._iter_batches_args,
         )
-        self._feeders.append(feeder)
-        feeder.start()
 
-    def feeders(self):
-        return list(self._feeders)
-
-
-def register(source):
-    """Registers ``source``; returns the key its dataset graph carries."""
-    key = next(_keys)
-    capacity = source.max_inflight
-    native.load().lib.register_source(key, source.cardinality, capacity)
-    with _lock:
-        _sources[key] = source
-    _ensure_dispatcher()
-    return key
-
-
-def unregister(key):
-    native.load().lib.unregister_source(key)
-    with _lock:
-        _sources.pop(key, None)
-
-
-def _ensure_dispatcher():
-    global _dispatcher
-    with _lock:
-        if _dispatcher is None:
-            _dispatcher = threading.Thread(target=_dispatch, name="tfray-dispatch", daemon=True)
-            _dispatcher.start()
-
-
-def _dispatch():
-    lib = native.load().lib
-    while not _stop.is_set():
-        for key, channel in lib.wait_requests(0.2):  # Waits without the GIL.
-            _start_epoch(key, channel)
-
-
-def _start_epoch(key, channel):
-    # A function of its own so that no frame keeps the source alive while
-    # the dispatcher waits: a collected dataset must free its refs.
-    with _lock:
-        source = _sources.get(key)
-    if source is None:
-        channel.push_error(
-            int(Code.NOT_FOUND),
-            f"tfray source {key} was unregistered: its tfray.Dataset was "
-            "garbage collected.",
-        )
-        channel.close()
-        return
-    try:
-        source.start_epoch(channel)
-    except Exception as e:  # Never leave an iterator waiting.
-        logger.exception("tfray: starting an epoch failed")
-        channel.push_error(int(Code.INTERNAL), f"tfray: starting an epoch failed: {e}")
-        channel.close()
-
-
-@atexit.register
-def _shutdown():
-    # Python ends daemon threads that try to retake the GIL during
-    # finalization, which unwinds through C++ and aborts. So every tfray
-    # thread leaves its native waits here, before finalization starts.
-    _stop.set()
-    with _lock:
-        dispatcher = _dispatcher
-    if dispatcher is not None:
-        dispatcher.join(timeout=5)
-    stop_feeders(timeout=5)
-    pins.stop()
-
-
-def ensure_ray():
-    """Starts a local Ray if none is running, and says so."""
-    if not ray.is_initialized():
-        ray.init()
-        logger.warning(
-            "tfray: Ray was not initialized; started a local Ray instance "
-            "(call ray.init() first to choose its resources)."
-        )
+    def open_epoch(self, *, deterministic):
+        return self.take_prestarted() or self._start()

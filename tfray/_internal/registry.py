@@ -1,0 +1,104 @@
+"""The source registry and the dispatcher that starts a feeder per iterator.
+
+Each tfray dataset registers its source under an integer key; the dataset
+graph carries only that key. A TF iterator asks for an epoch by posting a
+channel to the native registry (no GIL needed); the dispatcher thread here
+takes the request and starts a feeder on it.
+"""
+
+import atexit
+import itertools
+import logging
+import threading
+
+from tfray._internal import native, pins
+from tfray._internal.feeder import Feeder, stop_all as stop_feeders
+from tfray._internal.status import BatchError, Code
+
+logger = logging.getLogger("tfray")
+
+_lock = threading.Lock()
+_sources = {}  # key -> source; guarded by _lock.
+_keys = itertools.count(1)
+_dispatcher = None  # guarded by _lock.
+_stop = threading.Event()
+
+
+def register(source):
+    """Registers ``source``; returns the key its dataset graph carries."""
+    key = next(_keys)
+    native.load().lib.register_source(key, source.cardinality, source.capacity)
+    with _lock:
+        _sources[key] = source
+    _ensure_dispatcher()
+    return key
+
+
+def unregister(key):
+    native.load().lib.unregister_source(key)
+    with _lock:
+        source = _sources.pop(key, None)
+    if source is not None:
+        source.close()
+
+
+def _ensure_dispatcher():
+    global _dispatcher
+    with _lock:
+        if _dispatcher is None:
+            _dispatcher = threading.Thread(target=_dispatch, name="tfray-dispatch", daemon=True)
+            _dispatcher.start()
+
+
+def _dispatch():
+    lib = native.load().lib
+    while not _stop.is_set():
+        for key, channel, deterministic in lib.wait_requests(0.2):  # Without the GIL.
+            _start_epoch(key, channel, deterministic)
+
+
+def _start_epoch(key, channel, deterministic):
+    # A function of its own so that no frame keeps the source alive while
+    # the dispatcher waits: a collected dataset must free its refs.
+    with _lock:
+        source = _sources.get(key)
+    if source is None:
+        channel.push_error(
+            int(Code.NOT_FOUND),
+            f"tfray source {key} was unregistered: its tfray.Dataset was garbage collected.",
+        )
+        channel.close()
+        return
+    try:
+        stream = source.open_epoch(deterministic=deterministic)
+    except BatchError as e:
+        channel.push_error(int(e.code), e.message)
+        channel.close()
+        return
+    except Exception as e:  # Never leave an iterator waiting.
+        logger.exception("tfray: starting an epoch failed")
+        channel.push_error(int(Code.INTERNAL), f"tfray: starting an epoch failed: {e}")
+        channel.close()
+        return
+    feeder = Feeder(
+        stream,
+        source.flat_spec,
+        channel,
+        alignment=native.load().lib.TENSOR_ALIGNMENT,
+    )
+    source.record(feeder)
+    feeder.start()
+
+
+@atexit.register
+def _shutdown():
+    # Python ends daemon threads that try to retake the GIL during
+    # finalization, which unwinds through C++ and aborts. So every tfray
+    # thread leaves its native waits here, before finalization starts.
+    _stop.set()
+    with _lock:
+        dispatcher = _dispatcher
+    if dispatcher is not None:
+        dispatcher.join(timeout=5)
+    stop_feeders(timeout=5)
+    pins.stop()

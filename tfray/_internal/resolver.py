@@ -1,0 +1,98 @@
+"""Resolves a stream of ObjectRefs ahead of the consumer, in bulk and in order.
+
+Up to ``max_inflight`` refs wait in a window; each call hands back the longest
+run of resolved refs at the window's head (one ``ray.wait`` and one
+``ray.get`` for many batches, so the GIL is taken per window, not per batch).
+"""
+
+import collections
+
+import ray
+
+from tfray._internal import ray_errors
+
+
+class RefResolver:
+    """Turns a ref stream into resolved values, in the stream's order.
+
+    Args:
+        refs: a ref stream: ``take(n, timeout)`` returns up to n
+            ``(label, ref)`` pairs (waiting at most ``timeout``), ``done`` says
+            it has no more, ``close()`` stops its producers.
+        max_inflight: refs taken but not yet handed on.
+    """
+
+    def __init__(self, refs, *, max_inflight):
+        self._refs = refs
+        self._max_inflight = max_inflight
+        self._window = collections.deque()  # (label, ref); feeder thread only.
+
+    @property
+    def in_flight(self):
+        return len(self._window)
+
+    def next_ready(self, timeout):
+        """Resolved ``(label, value, error)`` items, [] if none yet, None at the end."""
+        if not ray_errors.ray_running():
+            raise ray_errors.shutdown_error()
+        room = self._max_inflight - len(self._window)
+        if room > 0 and not self._refs.done:
+            self._window.extend(self._refs.take(room, 0 if self._window else timeout))
+        if not self._window:
+            return None if self._refs.done else []
+        ready = self._ready_prefix(timeout)
+        return self._resolve(ready) if ready else []
+
+    def close(self):
+        self._window.clear()
+        self._refs.close()
+
+    def _ready_prefix(self, timeout):
+        head = self._window[0][1]
+        done, _ = ray.wait([head], num_returns=1, timeout=timeout, fetch_local=True)
+        if not done:
+            return []
+        unique = list(dict.fromkeys(ref for _, ref in self._window))
+        done, _ = ray.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
+        done = set(done)
+        ready = []
+        while self._window and self._window[0][1] in done:
+            ready.append(self._window.popleft())
+        return ready
+
+    @staticmethod
+    def _resolve(ready):
+        refs = [ref for _, ref in ready]
+        try:
+            return [(label, value, None) for (label, _), value in zip(ready, ray.get(refs))]
+        except Exception:  # Find out which ones failed, and why.
+            out = []
+            for label, ref in ready:
+                try:
+                    out.append((label, ray.get(ref), None))
+                except Exception as e:  # noqa: PERF203
+                    out.append((label, None, ray_errors.translate(e, label)))
+            return out
+
+
+class RefList:
+    """The refs of one epoch of ``from_refs``, labelled by position."""
+
+    def __init__(self, refs):
+        self._refs = iter(refs)
+        self._index = 0
+        self.done = False
+
+    def take(self, n, timeout):
+        out = []
+        while len(out) < n:
+            ref = next(self._refs, None)
+            if ref is None:
+                self.done = True
+                break
+            out.append((f"batch {self._index}", ref))
+            self._index += 1
+        return out
+
+    def close(self):
+        self._refs = iter(())
