@@ -4,6 +4,11 @@ Each shard's generator runs as a Ray task whose yields go straight into the
 object store. Ray pauses a generator once ``max_inflight_per_producer`` of its
 batches wait unconsumed (``_generator_backpressure_num_objects``), so a slow
 trainer stalls the producers instead of filling the store.
+
+At most ``concurrency`` shards run at once, the rest start as running ones
+finish. Round-robin over more shards than the cluster can run would deadlock:
+the order would wait on a shard that cannot start while the running ones sit
+paused by backpressure.
 """
 
 import ray
@@ -16,68 +21,89 @@ def _run_shard(fn, shard):
 _remote_run_shard = ray.remote(_run_shard)
 
 
+def concurrency(num_shards, ray_remote_args):
+    """How many producers can run at once on this cluster's CPUs."""
+    cpus = (ray_remote_args or {}).get("num_cpus", 1)
+    if not cpus:
+        return num_shards
+    total = ray.cluster_resources().get("CPU", 1)
+    return max(1, min(num_shards, int(total // cpus)))
+
+
 class GeneratorShards:
     """The ref stream of one epoch: every shard's generator, interleaved.
 
     ``deterministic`` (set before the first ``take``): round-robin over the
-    shards, the same order every epoch for deterministic generators; else
-    whichever batch is ready first.
+    running shards, a shard that ends replaced in its place by the next one,
+    so the order is the same every epoch for deterministic generators on the
+    same cluster; else whichever batch is ready first.
     """
 
-    def __init__(self, fn, shards, *, max_inflight_per_producer, ray_remote_args):
+    def __init__(self, fn, shards, *, max_inflight_per_producer, ray_remote_args, concurrency):
         options = dict(ray_remote_args or {})
         options["num_returns"] = "streaming"
         options["_generator_backpressure_num_objects"] = max_inflight_per_producer
-        runner = _remote_run_shard.options(**options)
-        self._generators = [runner.remote(fn, shard) for shard in shards]
-        self._taken = [0] * len(shards)  # Batches taken per shard.
-        self._active = list(range(len(shards)))  # Shards not yet exhausted.
-        self._turn = 0  # Index into _active of the next round-robin shard.
+        self._runner = _remote_run_shard.options(**options)
+        self._fn = fn
+        self._shards = list(shards)
+        self._next_shard = 0  # The next shard to start.
+        self._taken = {}  # Shard index -> batches taken from it.
+        self._running = []  # (shard index, generator), in rotation order.
+        self._turn = 0  # Index into _running of the next round-robin shard.
         self.deterministic = True
-        self.done = not shards
+        for _ in range(concurrency):
+            self._running.append(self._start_next())
+        self.done = not self._running
 
     def take(self, n, timeout):
         """Up to n ``(label, ref)`` pairs; waits at most ``timeout`` for the first."""
         out = []
-        while len(out) < n and self._active:
-            shard = self._next_ready_shard(timeout if not out else 0)
-            if shard is None:
+        while len(out) < n and self._running:
+            position = self._next_ready(timeout if not out else 0)
+            if position is None:
                 break
+            shard, generator = self._running[position]
             try:
-                ref = next(self._generators[shard])
+                ref = next(generator)
             except StopIteration:
-                self._exhaust(shard)
+                self._replace(position)
                 continue
             out.append((f"shard {shard} batch {self._taken[shard]}", ref))
             self._taken[shard] += 1
             if self.deterministic:
-                self._turn = (self._turn + 1) % len(self._active)
-        self.done = not self._active
+                self._turn = (position + 1) % len(self._running)
+        self.done = not self._running
         return out
 
     def close(self):
-        for shard in self._active:
-            ray.cancel(self._generators[shard])
-        self._active = []
-        self._generators = []
+        for _, generator in self._running:
+            ray.cancel(generator)
+        self._running = []
+        self._next_shard = len(self._shards)
         self.done = True
 
-    def _next_ready_shard(self, timeout):
-        """A shard whose next ref (or end) is ready, per the ordering mode."""
-        if self.deterministic:
-            shard = self._active[self._turn]
-            ready, _ = ray.wait([self._generators[shard]], num_returns=1, timeout=timeout)
-            return shard if ready else None
-        candidates = [self._generators[s] for s in self._active]
-        ready, _ = ray.wait(candidates, num_returns=1, timeout=timeout)
-        return self._active[candidates.index(ready[0])] if ready else None
+    def _start_next(self):
+        shard = self._next_shard
+        self._next_shard += 1
+        self._taken[shard] = 0
+        return shard, self._runner.remote(self._fn, self._shards[shard])
 
-    def _exhaust(self, shard):
-        position = self._active.index(shard)
-        self._active.pop(position)
-        if self._active and position < self._turn:
+    def _replace(self, position):
+        """The shard at ``position`` ended: the next shard takes its place."""
+        if self._next_shard < len(self._shards):
+            self._running[position] = self._start_next()
+            return
+        self._running.pop(position)
+        if position < self._turn:
             self._turn -= 1
-        if self._active:
-            self._turn %= len(self._active)
-        else:
-            self._turn = 0
+        self._turn = self._turn % len(self._running) if self._running else 0
+
+    def _next_ready(self, timeout):
+        """The position of a running shard whose next ref (or end) is ready."""
+        if self.deterministic:
+            _, generator = self._running[self._turn]
+            ready, _ = ray.wait([generator], num_returns=1, timeout=timeout)
+            return self._turn if ready else None
+        generators = [g for _, g in self._running]
+        ready, _ = ray.wait(generators, num_returns=1, timeout=timeout)
+        return generators.index(ready[0]) if ready else None

@@ -13,7 +13,7 @@ import logging
 import ray
 
 from tfray._internal import spec
-from tfray._internal.generators import GeneratorShards
+from tfray._internal.generators import GeneratorShards, concurrency
 from tfray._internal.ray_data import RayDataBatches
 from tfray._internal.resolver import RefList, RefResolver
 from tfray._internal.status import BatchError, Code
@@ -159,6 +159,7 @@ class GeneratorSource(Source):
             self._shards,
             max_inflight_per_producer=self._per_producer,
             ray_remote_args=self._ray_remote_args,
+            concurrency=concurrency(len(self._shards), self._ray_remote_args),
         )
 
     def _infer_spec(self):

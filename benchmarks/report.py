@@ -1,0 +1,424 @@
+"""Turns the samples into the table, the targets check, JSON, RESULTS.md and a chart.
+
+Every figure is the median of its rounds. Ratios compare medians measured in
+the same scenario *and load*: a busy-thread row's ``x ceiling`` is against
+the ceiling with the same busy thread running (the thread takes a core from
+TensorFlow as well as the GIL from Python).
+"""
+
+import datetime
+import json
+import os
+import platform
+import statistics
+
+NOTES_MARKER = "<!-- Notes below this line are written by hand and kept across runs. -->"
+
+LABELS = {
+    "ceiling": "ceiling (N tensors in memory)",
+    "ceiling_1": "ceiling_1 (1 tensor, cache-hot)",
+    "from_generator": "from_generator(ray.get)",
+    "to_tf": "Ray Data to_tf",
+    "tfray": "tfray",
+}
+
+
+def _median(samples, key):
+    return statistics.median(s[key] for s in samples)
+
+
+def _label(name):
+    base, _, k = name.partition("@")
+    return LABELS.get(base, base) + (f" (max_inflight={k})" if k else "")
+
+
+def machine_info():
+    import numpy
+    import ray
+    import tensorflow as tf
+
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal"):
+                    mem_gib = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    try:
+        import tfray
+
+        tfray_built = tfray._native.built_tf_version()
+    except Exception:  # noqa: BLE001 - informational only
+        tfray_built = None
+    try:
+        import subprocess
+
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "tfray", "csrc"],
+            capture_output=True,
+            text=True,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        ).stdout.strip()
+    except Exception:  # noqa: BLE001
+        commit, dirty = None, ""
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "mem_gib": mem_gib,
+        "load_avg_at_end": os.getloadavg(),
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "ray": ray.__version__,
+        "numpy": numpy.__version__,
+        "tfray_built_against": tfray_built,
+        "git_commit": commit,
+        "tfray_sources_modified": bool(dirty),
+        "kernel": platform.release(),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+
+
+def assemble(results, rss, args, wall_s):
+    """The JSON document: settings, machine, samples, medians and ratios."""
+    rows = []
+    for r in results:
+        samples = r["samples"]
+        med = {name: _median(s, "batches_per_s") for name, s in samples.items() if s}
+        for name, s in samples.items():
+            if not s:
+                continue
+            row = {
+                "scenario": r["scenario"],
+                "load": r["load"],
+                "pipeline": name,
+                "batches_per_s": med[name],
+                "gb_per_s": med[name] * r["bytes_per_batch"] / 1e9,
+                "samples_batches_per_s": [x["batches_per_s"] for x in s],
+                "cpu_ms_per_batch": 1e3 * _median(s, "cpu_s_per_batch"),
+                "x_ceiling": med[name] / med["ceiling"] if "ceiling" in med else None,
+            }
+            if name.startswith("tfray"):
+                for other in ("from_generator", "to_tf"):
+                    row[f"x_{other}"] = med[name] / med[other] if other in med else None
+                row["tfray_stats"] = s[-1].get("tfray")
+            rows.append(row)
+    return {
+        "settings": {
+            "quick": args.quick,
+            "rounds": args.rounds,
+            "seconds": args.seconds,
+            "scenarios": args.runs,
+            "pipelines": args.pipeline_names,
+            "rss_batches": args.rss_batches,
+        },
+        "machine": machine_info(),
+        "wall_s": wall_s,
+        "scenarios": [
+            {k: v for k, v in r.items() if k != "samples"} | {"samples": r["samples"]}
+            for r in results
+        ],
+        "rows": rows,
+        "rss": rss,
+        "targets": targets(rows, rss),
+    }
+
+
+def _row(rows, scenario, load, pipeline):
+    for r in rows:
+        if (r["scenario"], r["load"], r["pipeline"]) == (scenario, load, pipeline):
+            return r
+    return None
+
+
+def targets(rows, rss):
+    """The goals, each with the measured value and whether it is met."""
+    out = []
+
+    def check(what, scenario, load, key, goal):
+        r = _row(rows, scenario, load, "tfray")
+        if r is None or r.get(key) is None:
+            return
+        value = r[key]
+        out.append(
+            {
+                "target": what,
+                "scenario": scenario + ("+busy" if load == "busy" else ""),
+                "measured": value,
+                "goal": goal,
+                "met": value >= goal,
+            }
+        )
+
+    for sc in ("12MB", "38MB"):
+        check("tfray >= 0.95x ceiling, large batches", sc, "idle", "x_ceiling", 0.95)
+    for sc in ("12MB", "38MB"):
+        check("busy thread: tfray >= 0.8x ceiling under load", sc, "busy", "x_ceiling", 0.8)
+    for sc in ("12MB", "38MB", "16KB"):
+        check("busy thread: tfray >= 3x from_generator under load", sc, "busy", "x_from_generator", 3.0)
+    check("16 KB: tfray >= 3x from_generator", "16KB", "idle", "x_from_generator", 3.0)
+    check("12 MB: tfray >= 10x to_tf", "12MB", "idle", "x_to_tf", 10.0)
+    if rss is not None:
+        out.append(
+            {
+                "target": f"RSS growth over {rss['batches']} tfray 12 MB batches < 2 batches",
+                "scenario": "12MB",
+                "measured": rss["growth_batches"],
+                "goal": 2.0,
+                "met": rss["growth_batches"] < 2.0,
+            }
+        )
+    return out
+
+
+def _fmt_ratio(x):
+    return "" if x is None else f"{x:.2f}x"
+
+
+def table_rows(data):
+    header = [
+        "scenario",
+        "pipeline",
+        "batches/s",
+        "GB/s",
+        "x ceiling",
+        "tfray / from_gen",
+        "tfray / to_tf",
+        "CPU ms/batch",
+    ]
+    lines = []
+    for r in data["rows"]:
+        scenario = r["scenario"] + (" + busy thread" if r["load"] == "busy" else "")
+        lines.append(
+            [
+                scenario,
+                _label(r["pipeline"]),
+                f"{r['batches_per_s']:.1f}",
+                f"{r['gb_per_s']:.2f}",
+                _fmt_ratio(r["x_ceiling"]),
+                _fmt_ratio(r.get("x_from_generator")),
+                _fmt_ratio(r.get("x_to_tf")),
+                f"{r['cpu_ms_per_batch']:.3f}",
+            ]
+        )
+    return header, lines
+
+
+def table_text(data):
+    header, lines = table_rows(data)
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
+    right = {2, 3, 4, 5, 6, 7}
+
+    def fmt(cells):
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        )
+
+    out = [fmt(header), fmt(["-" * w for w in widths])]
+    prev = None
+    for cells in lines:
+        if prev is not None and cells[0] != prev:
+            out.append("")
+        prev = cells[0]
+        out.append(fmt(cells))
+    return "\n".join(out)
+
+
+def table_markdown(data):
+    header, lines = table_rows(data)
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * 6) + "|"]
+    for cells in lines:
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def targets_lines(data):
+    lines = []
+    for t in data["targets"]:
+        fmt = "{:.2f}" if "RSS" in t["target"] else "{:.2f}x"
+        lines.append(
+            (
+                "MET    " if t["met"] else "NOT MET",
+                t["target"],
+                t["scenario"],
+                fmt.format(t["measured"]),
+            )
+        )
+    return lines
+
+
+def targets_text(data):
+    out = ["targets:"]
+    for met, what, scenario, value in targets_lines(data):
+        out.append(f"  {met}  {what} [{scenario}]: {value}")
+    if data.get("rss"):
+        r = data["rss"]
+        out.append(
+            f"  RSS {r['before_kb']['VmRSS'] / 1024:.0f} -> {r['after_kb']['VmRSS'] / 1024:.0f} MB "
+            f"over {r['batches']} batches ({r['growth_bytes'] / 1e6:+.1f} MB)"
+        )
+    return "\n".join(out)
+
+
+def chart(data, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = []
+    for r in data["rows"]:
+        g = r["scenario"] + ("\n+ busy thread" if r["load"] == "busy" else "")
+        if g not in groups:
+            groups.append(g)
+    names = []
+    for r in data["rows"]:
+        if r["pipeline"] not in names:
+            names.append(r["pipeline"])
+    colors = {
+        "ceiling": "#555555",
+        "ceiling_1": "#bbbbbb",
+        "from_generator": "#e69f00",
+        "to_tf": "#56b4e9",
+        "tfray": "#009e73",
+    }
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(groups) + 2), 5))
+    for i, name in enumerate(names):
+        xs, ys = [], []
+        for j, g in enumerate(groups):
+            for r in data["rows"]:
+                label = r["scenario"] + ("\n+ busy thread" if r["load"] == "busy" else "")
+                if label == g and r["pipeline"] == name:
+                    xs.append(j + (i - (len(names) - 1) / 2) * width)
+                    ys.append(r["batches_per_s"])
+        ax.bar(
+            xs,
+            ys,
+            width,
+            label=_label(name),
+            color=colors.get(name.split("@")[0], None),
+            edgecolor="black",
+            linewidth=0.4,
+        )
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups)
+    ax.set_ylabel("batches / s (log scale)")
+    m = data["machine"]
+    ax.set_title(
+        f"Input pipelines, same batches, same graph-mode consumer\n"
+        f"{m['cores']} cores, {m['cpu']}; TF {m['tensorflow']}, Ray {m['ray']}",
+        fontsize=10,
+    )
+    ax.grid(axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def results_markdown(data, chart_name, notes):
+    m = data["machine"]
+    s = data["settings"]
+    lines = [
+        "# Benchmark results",
+        "",
+        "Written by `make bench` (`benchmarks/run.py`); the method is in the module",
+        "docstrings of `run.py`, `pipelines.py` and `report.py`. Each figure is the",
+        f"median of {s['rounds']} rounds of a ~{s['seconds']} s timed run; `x ceiling` is",
+        "against the ceiling under the same load. Raw samples:",
+        "`benchmarks/results/latest.json` (not committed).",
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB RAM; kernel {m['kernel']}",
+        f"- Python {m['python']}, TensorFlow {m['tensorflow']}, Ray {m['ray']}, numpy {m['numpy']}",
+        f"- tfray at commit {m['git_commit']}"
+        + (" (with uncommitted changes in tfray/ or csrc/)" if m["tfray_sources_modified"] else ""),
+        f"- date {m['date']}; wall time {data['wall_s']:.0f} s; load average at the end "
+        + ", ".join(f"{x:.2f}" for x in m["load_avg_at_end"])
+        + " (a shared machine: other work ran alongside)",
+        "",
+        "## Throughput",
+        "",
+        f"![batches/s per scenario and pipeline, log scale]({chart_name})",
+        "",
+        table_markdown(data),
+        "",
+        "Scenarios: " + "; ".join(
+            f"{sc['scenario']}: {sc['describe']}, {sc['bytes_per_batch'] / 1e6:.3f} MB, "
+            f"{sc['distinct_batches']} distinct batches"
+            for sc in data["scenarios"]
+            if sc["load"] == "idle"
+        )
+        + ". `CPU ms/batch` is the trainer process's CPU time (all threads) per batch.",
+        "",
+        "## Targets",
+        "",
+        "| | target | scenario | measured |",
+        "|---|---|---|---:|",
+    ]
+    for met, what, scenario, value in targets_lines(data):
+        lines.append(f"| {'met' if met.strip() == 'MET' else '**not met**'} | {what} | {scenario} | {value} |")
+    if data.get("rss"):
+        r = data["rss"]
+        lines += [
+            "",
+            f"Trainer RSS around {r['batches']} tfray batches of {r['batch_bytes'] / 1e6:.1f} MB: "
+            f"{r['before_kb']['VmRSS'] / 1024:.0f} MB -> {r['after_kb']['VmRSS'] / 1024:.0f} MB "
+            f"({r['growth_bytes'] / 1e6:+.1f} MB, {r['growth_batches']:+.2f} batches; "
+            f"anonymous {r['before_kb'].get('RssAnon', 0) / 1024:.0f} -> "
+            f"{r['after_kb'].get('RssAnon', 0) / 1024:.0f} MB, shared memory "
+            f"{r['before_kb'].get('RssShmem', 0) / 1024:.0f} -> "
+            f"{r['after_kb'].get('RssShmem', 0) / 1024:.0f} MB).",
+        ]
+    lines += ["", NOTES_MARKER, ""]
+    text = "\n".join(lines)
+    return text + (notes or "")
+
+
+def write(data, here, *, full, out=None):
+    """Writes JSON always; RESULTS.md and the chart in benchmarks/ only for full runs."""
+    results_dir = os.path.join(here, "results")
+    os.makedirs(results_dir, exist_ok=True)
+    paths = []
+    json_path = out or os.path.join(results_dir, "latest.json")
+    with open(json_path, "w") as f:
+        json.dump(data, f, indent=1, default=str)
+    paths.append(json_path)
+    target_dir = here if full else results_dir
+    chart_name = "throughput.png"
+    chart_path = os.path.join(target_dir, chart_name)
+    try:
+        chart(data, chart_path)
+        paths.append(chart_path)
+    except ImportError as e:
+        print(f"no chart: {e} (pip install matplotlib)")
+    md_path = os.path.join(target_dir, "RESULTS.md")
+    notes = None
+    committed = os.path.join(here, "RESULTS.md")
+    if os.path.exists(committed):
+        with open(committed) as f:
+            text = f.read()
+        if NOTES_MARKER in text:
+            notes = text.split(NOTES_MARKER, 1)[1].lstrip("\n")
+    with open(md_path, "w") as f:
+        f.write(results_markdown(data, chart_name, notes))
+    paths.append(md_path)
+    return paths

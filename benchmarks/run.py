@@ -1,0 +1,407 @@
+"""Input-pipeline benchmark: tfray against the usual ways to feed TF from Ray.
+
+What it measures: how many batches per second each input pipeline (see
+``pipelines.py``) delivers to one and the same graph-mode consumer, for three
+batch sizes, with the trainer idle and with one busy Python thread in it.
+
+Why it is fair:
+
+- **Same batches.** Each scenario makes ``N`` distinct batches once and puts
+  them in Ray's object store before anything is timed; every pipeline cycles
+  those same ``N`` batches (the ceiling holds them as tensors; Ray Data holds
+  them as its own blocks, also made before timing).
+- **Same consumer.** ``consume`` below is one ``tf.function``: a graph
+  ``while`` loop that takes the next batch from the pipeline's iterator and
+  adds ``reduce_sum`` of every component to a total, so every byte of every
+  batch is read, with no Python per batch. The timer is around the
+  ``tf.function`` call alone.
+- **Same conditions.** Each pipeline's iterator is created and warmed up
+  (traced, buffers filled, every distinct batch read twice) before the timed
+  call, which runs a fixed number of batches chosen from a short probe to take
+  about ``--seconds``. The pipelines are measured in turn within each round,
+  and the rounds repeat (``--rounds``, default 3); each figure is the median
+  of its rounds, so slow drifts of this shared machine hit every pipeline
+  alike. Ratios to the ceiling use the ceiling measured under the same load:
+  a busy thread takes a core from TensorFlow too.
+- **Busy thread** (``+busy`` scenarios): a thread in the trainer process runs
+  ``while not stop: x = sum(range(1000))`` during warm-up and timing: pure
+  Python that holds the GIL except when the interpreter forces a switch.
+
+It also measures the trainer's resident memory around one long tfray run
+(12 MB batches, ``--rss-batches``, default 2000) and reports the growth in
+batches: a leak of one pinned batch per step would show as hundreds.
+
+Run it as ``make bench`` or ``python benchmarks/run.py [--quick]
+[--scenarios 12MB,16KB+busy]``. A full run writes ``benchmarks/RESULTS.md``
+and ``benchmarks/throughput.png`` (committed) and
+``benchmarks/results/latest.json``; a quick or partial run writes only under
+``benchmarks/results/``.
+"""
+
+import argparse
+import dataclasses
+import gc
+import os
+import statistics
+import sys
+import threading
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
+import ray.data  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import pipelines  # noqa: E402
+import report  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    name: str
+    rows: int
+    x_shape: tuple
+    x_dtype: str
+    distinct: int  # Distinct batches in the object store, cycled.
+
+    def describe(self):
+        shape = ",".join(str(d) for d in (self.rows, *self.x_shape))
+        return f"x {self.x_dtype}[{shape}] + y int32[{self.rows}]"
+
+
+SCENARIOS = {
+    # (a) 12.6 MB: 256 rows of 12288 float32 features.
+    "12MB": Scenario("12MB", 256, (12288,), "float32", 8),
+    # (b) 38.5 MB: 256 uint8 224x224 RGB images.
+    "38MB": Scenario("38MB", 256, (224, 224, 3), "uint8", 8),
+    # (c) 16 KB: 16 rows of 256 float32; per-batch overhead dominates.
+    "16KB": Scenario("16KB", 16, (256,), "float32", 16),
+}
+LOADS = ("idle", "busy")
+ALL_RUNS = [f"{s}{'+busy' if load == 'busy' else ''}" for load in LOADS for s in SCENARIOS]
+
+OBJECT_STORE_BYTES = 2 * 2**30
+
+
+@tf.function
+def consume(iterator, n):
+    """Takes ``n`` batches from ``iterator``; sums every component of each.
+
+    A graph while-loop: no Python runs per batch. The sum goes into the
+    returned total so that nothing can be pruned; uint8 sums may wrap, only
+    the reading matters.
+    """
+    total = tf.constant(0.0, tf.float64)
+    for _ in tf.range(n):
+        batch = iterator.get_next()
+        for t in tf.nest.flatten(batch):
+            total += tf.cast(tf.reduce_sum(t), tf.float64)
+    return total
+
+
+def run_consume(iterator, n):
+    """Times one ``consume`` call; returns seconds."""
+    n = tf.constant(n, tf.int64)
+    start = time.perf_counter()
+    consume(iterator, n).numpy()
+    return time.perf_counter() - start
+
+
+class BusyThread:
+    """One Python thread spinning on pure-Python work while active."""
+
+    def __init__(self, active):
+        self.active = active
+        self.iterations = 0
+        self._stop = False
+        self._thread = None
+
+    def _spin(self):
+        iterations = 0
+        while not self._stop:
+            x = sum(range(1000))  # noqa: F841
+            iterations += 1
+        self.iterations = iterations
+
+    def __enter__(self):
+        if self.active:
+            self._thread = threading.Thread(target=self._spin, name="busy", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._thread is not None:
+            self._stop = True
+            self._thread.join()
+
+
+def rss_kb():
+    """The trainer's resident memory, from /proc/self/status, in kB."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                fields[key] = int(value.split()[0])
+    return fields
+
+
+def measure(dataset, *, busy, seconds, distinct, min_probe_s):
+    """One timed sample of ``dataset``: warm-up, probe, then a timed run.
+
+    Returns a dict with the batches, seconds and CPU seconds of the timed run.
+    """
+    iterator = iter(dataset)
+    with BusyThread(busy) as load:
+        run_consume(iterator, 2 * distinct)  # Trace, fill buffers, read every batch twice.
+        probe = distinct
+        while True:
+            dt = run_consume(iterator, probe)
+            if dt >= min_probe_s or probe >= 1_000_000:
+                break
+            probe *= 4 if dt < min_probe_s / 4 else 2
+        n = max(distinct, int(round(probe / dt * seconds)))
+        cpu = time.process_time()
+        dt = run_consume(iterator, n)
+        cpu = time.process_time() - cpu
+    del iterator
+    return {
+        "batches": n,
+        "seconds": dt,
+        "batches_per_s": n / dt,
+        "cpu_s_per_batch": cpu / n,
+        "busy_iterations": load.iterations,
+    }
+
+
+def tfray_totals(source):
+    """tfray's own counters, summed over the epochs (iterators) of a sample."""
+    stats = source.stats()
+    return {
+        "epochs": len(stats),
+        "batches": sum(s.batches for s in stats),
+        "bytes_copied": sum(s.bytes_copied for s in stats),
+        "consumer_wait_s": sum(s.consumer_wait_s for s in stats),
+        "producer_wait_s": sum(s.producer_wait_s for s in stats),
+    }
+
+
+def build(name, scenario, batches, refs, spec, ray_data, epoch_batches, max_inflight):
+    """(dataset, tfray source or None) for pipeline ``name``."""
+    if name == "ceiling":
+        return pipelines.ceiling(batches), None
+    if name == "ceiling_1":
+        return pipelines.ceiling_1(batches), None
+    if name == "from_generator":
+        return pipelines.from_generator(refs, spec), None
+    if name == "to_tf":
+        return pipelines.to_tf(ray_data, epoch_batches), None
+    if name.startswith("tfray"):
+        source, ds = pipelines.tfray_dataset(refs, spec, max_inflight=max_inflight)
+        return ds, source
+    raise ValueError(name)
+
+
+def run_scenario(scenario, loads, names, args, log):
+    """All samples of one scenario (both loads); returns {load: {name: [sample]}}."""
+    t0 = time.perf_counter()
+    batches = pipelines.make_batches(
+        scenario.rows, scenario.x_shape, scenario.x_dtype, scenario.distinct
+    )
+    refs = [ray.put(b) for b in batches]
+    spec = pipelines.element_spec(batches[0])
+    ray_data = pipelines.RayDataSource(batches) if "to_tf" in names else None
+    bytes_per_batch = pipelines.batch_bytes(batches[0])
+    log(
+        f"\n== {scenario.name}: {scenario.describe()}, {bytes_per_batch / 1e6:.3f} MB a batch, "
+        f"{scenario.distinct} distinct batches (set up in {time.perf_counter() - t0:.1f} s)"
+    )
+    # Enough batches in Ray Data's one epoch for warm-up, probe and timed run.
+    results = {}
+    for load in loads:
+        busy = load == "busy"
+        samples = {name: [] for name in names}
+        for rnd in range(args.rounds):
+            for name in names:
+                max_inflight = None
+                if name.startswith("tfray") and "@" in name:
+                    max_inflight = int(name.split("@", 1)[1])
+                # Ray Data's epoch is sized from the last sample's rate, generously.
+                prev = samples[name][-1]["batches_per_s"] if samples[name] else 2000.0
+                epoch_batches = int(prev * (args.seconds + 2 * args.min_probe_s) * 4) + 64
+                gc.collect()
+                ds, source = build(
+                    name, scenario, batches, refs, spec, ray_data, epoch_batches, max_inflight
+                )
+                sample = measure(
+                    ds,
+                    busy=busy,
+                    seconds=args.seconds,
+                    distinct=scenario.distinct,
+                    min_probe_s=args.min_probe_s,
+                )
+                sample["gb_per_s"] = sample["batches_per_s"] * bytes_per_batch / 1e9
+                if source is not None:
+                    sample["tfray"] = tfray_totals(source)
+                if name == "to_tf" and ray_data.fallback:
+                    sample["to_tf_fallback"] = True
+                samples[name].append(sample)
+                del ds, source
+                log(
+                    f"  {scenario.name:5s} {load:4s} round {rnd + 1}: {name:15s} "
+                    f"{sample['batches_per_s']:10.1f} batches/s {sample['gb_per_s']:7.2f} GB/s "
+                    f"({sample['batches']} in {sample['seconds']:.2f} s)"
+                )
+        results[load] = samples
+
+    rss = None
+    if scenario.name == "12MB" and args.rss_batches and any(n.startswith("tfray") for n in names):
+        rss = rss_check(refs, spec, scenario, bytes_per_batch, args.rss_batches, log)
+
+    del batches, refs, ray_data
+    gc.collect()
+    return results, bytes_per_batch, rss
+
+
+def rss_check(refs, spec, scenario, bytes_per_batch, n, log):
+    """RSS before and after ``n`` batches through one tfray pipeline."""
+    source, ds = pipelines.tfray_dataset(refs, spec)
+    iterator = iter(ds)
+    run_consume(iterator, 4 * scenario.distinct)  # Maps every batch's pages, traces.
+    gc.collect()
+    before = rss_kb()
+    seconds = run_consume(iterator, n)
+    gc.collect()
+    after = rss_kb()
+    del iterator
+    growth = (after["VmRSS"] - before["VmRSS"]) * 1024
+    out = {
+        "batches": n,
+        "seconds": seconds,
+        "before_kb": before,
+        "after_kb": after,
+        "growth_bytes": growth,
+        "growth_batches": growth / bytes_per_batch,
+        "batch_bytes": bytes_per_batch,
+    }
+    log(
+        f"  RSS around {n} tfray batches of {bytes_per_batch / 1e6:.1f} MB: "
+        f"{before['VmRSS'] / 1024:.0f} -> {after['VmRSS'] / 1024:.0f} MB "
+        f"(growth {growth / 1e6:+.1f} MB = {out['growth_batches']:+.2f} batches)"
+    )
+    return out
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run")
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(ALL_RUNS),
+        help=f"comma-separated, of {', '.join(ALL_RUNS)} (default: all)",
+    )
+    parser.add_argument(
+        "--pipelines",
+        default=",".join(pipelines.PIPELINES),
+        help="comma-separated, of %s; tfray@K sets max_inflight=K" % ", ".join(pipelines.PIPELINES),
+    )
+    parser.add_argument("--rounds", type=int, default=None, help="samples per figure (3)")
+    parser.add_argument("--seconds", type=float, default=None, help="timed run length (1.5)")
+    parser.add_argument("--rss-batches", type=int, default=None, help="batches of the RSS run (2000)")
+    parser.add_argument("--out", default=None, help="JSON path (benchmarks/results/latest.json)")
+    args = parser.parse_args(argv)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.seconds = args.seconds or (0.3 if args.quick else 1.5)
+    args.min_probe_s = 0.1 if args.quick else 0.25
+    if args.rss_batches is None:
+        args.rss_batches = 300 if args.quick else 2000
+    runs = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = [r for r in runs if r not in ALL_RUNS]
+    if unknown:
+        parser.error(f"unknown scenarios {unknown}; choose from {ALL_RUNS}")
+    args.runs = runs
+    args.pipeline_names = [p.strip() for p in args.pipelines.split(",") if p.strip()]
+    for p in args.pipeline_names:
+        if p.split("@")[0] not in pipelines.PIPELINES:
+            parser.error(f"unknown pipeline {p}")
+    args.full = not args.quick and set(runs) == set(ALL_RUNS) and set(
+        args.pipeline_names
+    ) >= set(pipelines.PIPELINES)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    wall = time.perf_counter()
+
+    def log(message):
+        print(message, flush=True)
+
+    import logging
+
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    ray.init(
+        num_cpus=2,
+        object_store_memory=OBJECT_STORE_BYTES,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+
+    log(
+        f"tfray input-pipeline benchmark: {len(args.runs)} scenario(s), "
+        f"pipelines {', '.join(args.pipeline_names)}; {args.rounds} round(s) of "
+        f"~{args.seconds} s each{' (quick)' if args.quick else ''}"
+    )
+    results = []
+    rss = None
+    for scenario in SCENARIOS.values():
+        loads = [
+            load
+            for load in LOADS
+            if f"{scenario.name}{'+busy' if load == 'busy' else ''}" in args.runs
+        ]
+        if not loads:
+            continue
+        by_load, bytes_per_batch, scenario_rss = run_scenario(
+            scenario, loads, args.pipeline_names, args, log
+        )
+        rss = rss or scenario_rss
+        for load, samples in by_load.items():
+            results.append(
+                {
+                    "scenario": scenario.name,
+                    "load": load,
+                    "describe": scenario.describe(),
+                    "distinct_batches": scenario.distinct,
+                    "bytes_per_batch": bytes_per_batch,
+                    "samples": samples,
+                }
+            )
+
+    wall = time.perf_counter() - wall
+    data = report.assemble(results, rss, args, wall)
+    log("")
+    log(report.table_text(data))
+    log("")
+    log(report.targets_text(data))
+    paths = report.write(data, HERE, full=args.full, out=args.out)
+    log("")
+    for path in paths:
+        log(f"wrote {os.path.relpath(path)}")
+    log(f"wall time {wall:.0f} s")
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
