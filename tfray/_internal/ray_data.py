@@ -15,12 +15,20 @@ def select(batch, columns):
     """``batch[columns]`` as ``to_tf`` builds it: a column's array, or a dict."""
     if columns is None:
         return dict(batch)
-    missing = [c for c in ([columns] if isinstance(columns, str) else columns) if c not in batch]
-    if missing:
-        raise BatchError(
-            Code.INVALID_ARGUMENT,
-            f"column {missing[0]!r} is not in the Ray dataset; its columns are {sorted(batch)}",
-        )
+    names = [columns] if isinstance(columns, str) else columns
+    for name in names:
+        if name not in batch:
+            raise BatchError(
+                Code.INVALID_ARGUMENT,
+                f"column {name!r} is not in the Ray dataset; its columns are {sorted(batch)}",
+            )
+        if batch[name].dtype == object:
+            raise BatchError(
+                Code.INVALID_ARGUMENT,
+                f"column {name!r} is variable-length or not numeric (numpy dtype object); "
+                "tfray needs fixed-shape numeric columns: pad or resize it in Ray "
+                "Data first (e.g. with map_batches).",
+            )
     if isinstance(columns, str):
         return batch[columns]
     return {column: batch[column] for column in columns}
