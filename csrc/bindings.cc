@@ -54,6 +54,7 @@ py::dict StatsDict(const ChannelStats& s) {
   d["consumer_wait_s"] = s.consumer_wait_ns * 1e-9;
   d["producer_wait_s"] = s.producer_wait_ns * 1e-9;
   d["queued"] = s.queued;
+  d["active_s"] = s.active_ns * 1e-9;
   d["closed"] = s.closed;
   d["cancelled"] = s.cancelled;
   return d;

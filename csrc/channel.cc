@@ -50,7 +50,8 @@ std::vector<uint64_t> ReleaseQueue::Drain(double timeout_s) {
   return out;
 }
 
-Channel::Channel(size_t capacity) : capacity_(capacity == 0 ? 1 : capacity) {}
+Channel::Channel(size_t capacity)
+    : capacity_(capacity == 0 ? 1 : capacity), created_(Clock::now()) {}
 
 Channel::~Channel() { Cancel(); }
 
@@ -111,6 +112,7 @@ Channel::PopResult Channel::Pop(Batch* batch, Code* code,
     not_empty_.wait(lock,
                     [this] { return cancelled_ || closed_ || !items_.empty(); });
     stats_.consumer_wait_ns += ElapsedNs(start);
+    stats_.active_ns = ElapsedNs(created_);
     if (cancelled_) return PopResult::kCancelled;
     if (items_.empty()) return PopResult::kEnd;
     item = std::move(items_.front());

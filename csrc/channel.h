@@ -94,6 +94,9 @@ struct ChannelStats {
   int64_t consumer_wait_ns = 0;  // GetNext waiting on an empty channel.
   int64_t producer_wait_ns = 0;  // Feeder waiting on a full channel.
   int64_t queued = 0;
+  // From the channel's creation (the iterator's) to the last Pop's return:
+  // the span of the epoch the consumer saw.
+  int64_t active_ns = 0;
   bool closed = false;     // The feeder has said the epoch is over.
   bool cancelled = false;  // The consumer has gone away.
 };
@@ -142,6 +145,7 @@ class Channel {
                       int64_t arrays_copied);
 
   const size_t capacity_;
+  const std::chrono::steady_clock::time_point created_;
   mutable std::mutex mu_;
   std::condition_variable not_empty_;
   std::condition_variable not_full_;

@@ -2,6 +2,9 @@
 
 import dataclasses
 
+# Waiting for input this share of an epoch or more makes it input-bound.
+INPUT_BOUND = 0.1
+
 
 @dataclasses.dataclass(frozen=True)
 class IteratorStats:
@@ -18,6 +21,8 @@ class IteratorStats:
             (the pipeline was input-bound).
         producer_wait_s: time the feeder waited on a full channel
             (the pipeline was consumer-bound).
+        active_s: from the iterator's creation to its latest batch: the
+            part of the epoch TensorFlow was reading.
         refs_in_flight: refs being resolved ahead of the consumer now.
         queued: batches resolved and waiting in the channel now.
         get_next_calls: calls TensorFlow made for the next batch.
@@ -33,11 +38,31 @@ class IteratorStats:
     arrays_copied: int
     consumer_wait_s: float
     producer_wait_s: float
+    active_s: float
     refs_in_flight: int
     queued: int
     get_next_calls: int
     finished: bool
     cancelled: bool
+
+    def verdict(self):
+        """One line saying what bounded this epoch, for a training log.
+
+        Returns:
+            e.g. ``"input-bound: TensorFlow waited for input 38% of the epoch
+            (1200 batches, 0.95 GB/s)"``.
+        """
+        if self.active_s <= 0:
+            return "idle: TensorFlow has not read from this iterator"
+        waited = min(1.0, self.consumer_wait_s / self.active_s)
+        rate = f"{self.batches} batches, {self.bytes / self.active_s / 1e9:.2f} GB/s"
+        if waited >= INPUT_BOUND:
+            return f"input-bound: TensorFlow waited for input {waited:.0%} of the epoch ({rate})"
+        return (
+            f"not input-bound: TensorFlow waited for input {waited:.0%} of the epoch; "
+            f"the input pipeline waited for room {min(1.0, self.producer_wait_s / self.active_s):.0%} "
+            f"({rate})"
+        )
 
 
 def of_feeder(feeder):
@@ -50,6 +75,7 @@ def of_feeder(feeder):
         arrays_copied=s["arrays_copied"],
         consumer_wait_s=s["consumer_wait_s"],
         producer_wait_s=s["producer_wait_s"],
+        active_s=s["active_s"],
         refs_in_flight=feeder.refs_in_flight,
         queued=s["queued"],
         get_next_calls=s["get_next_calls"],
