@@ -26,13 +26,21 @@ each pipeline below delivers those same batches, cycled, as a
     batch_size=rows)`` over a Ray Data dataset of the same batches, one Arrow
     block per batch, already in the object store before anything is timed
     (so Ray Data never re-batches across blocks and its production is not
-    timed). Its epoch lists the ``N`` blocks many times over (by reference,
-    not copied), so the timed run never crosses an epoch boundary and Ray
-    Data's per-epoch start-up is not charged to it.
+    timed). Its epoch lists the ``N`` blocks over and over (by reference, not
+    copied) for 4096 batches, so the timed run rarely crosses an epoch
+    boundary and Ray Data's per-epoch start-up is not charged to it. (Far
+    longer epochs slow Ray Data's executor down: 65536 blocks measured 4x
+    slower than 4096 to 16384; a new epoch every ``N`` blocks, 2x slower.)
 ``tfray``
     ``tfray.Dataset.from_refs(refs).repeat()``: the ``N`` refs, one epoch
     each, repeated. Unlike ``to_tf`` above, tfray *does* pay its per-epoch
-    start (a new feeder) every ``N`` batches inside the timed run.
+    start (a new iterator, hence a new feeder) every ``N`` batches inside the
+    timed run.
+``tfray_1epoch``
+    ``tfray.Dataset.from_refs(refs * K)``: the same ``N`` refs listed many
+    times over in one list, so the timed run stays within one epoch, as
+    ``to_tf`` does. A variant, to show the cost of tfray's epoch starts; the
+    ``@K`` suffix (``tfray_1epoch@64``) sets ``max_inflight=K``.
 
 What is not the same, by necessity: Ray Data keeps its own copy of the data
 in its block format (Arrow tensor columns), made from the same arrays.
@@ -45,7 +53,9 @@ import tensorflow as tf
 
 import ray
 
-PIPELINES = ("ceiling", "ceiling_1", "from_generator", "to_tf", "tfray")
+PIPELINES = ("ceiling", "ceiling_1", "from_generator", "to_tf", "tfray", "tfray_1epoch")
+TO_TF_EPOCH_BATCHES = 4096
+TFRAY_1EPOCH_BATCHES = 60000
 
 
 def make_batches(rows, x_shape, x_dtype, count, seed=0):
@@ -154,18 +164,26 @@ class RayDataSource:
             feature_type_spec=self.spec_x,
             label_type_spec=self.spec_y,
         )
-        return tf_ds.repeat() if self.fallback else tf_ds
+        return tf_ds.repeat()
 
 
-def to_tf(source, epoch_batches, prefetch_batches=1):
-    """Ray Data's ``to_tf`` over ``source`` (a :class:`RayDataSource`)."""
+def to_tf(source, epoch_batches=TO_TF_EPOCH_BATCHES, prefetch_batches=1):
+    """Ray Data's ``to_tf`` over ``source`` (a :class:`RayDataSource`), repeated."""
     return source.to_tf(epoch_batches, prefetch_batches=prefetch_batches)
 
 
-def tfray_dataset(refs, spec, max_inflight=None):
-    """``tfray.Dataset.from_refs(refs)``; returns (the tfray dataset, repeated)."""
+def tfray_dataset(refs, spec, max_inflight=None, one_epoch=False):
+    """``tfray.Dataset.from_refs``; returns (the tfray dataset, the pipeline).
+
+    ``one_epoch``: list the refs over and over (``TFRAY_1EPOCH_BATCHES`` in
+    all) so that one epoch covers the run, instead of one epoch per ``N``.
+    Either way the pipeline is ``.repeat()`` ed.
+    """
     import tfray
 
     kwargs = {} if max_inflight is None else {"max_inflight": max_inflight}
-    source = tfray.Dataset.from_refs(list(refs), element_spec=spec, **kwargs)
+    refs = list(refs)
+    if one_epoch:
+        refs = refs * -(-TFRAY_1EPOCH_BATCHES // len(refs))
+    source = tfray.Dataset.from_refs(refs, element_spec=spec, **kwargs)
     return source, source.repeat()

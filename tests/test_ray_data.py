@@ -112,3 +112,18 @@ def test_unknown_column():
     """A column that does not exist is named, with the columns that do."""
     with pytest.raises(ValueError, match=r"column 'nope' is not in the Ray dataset"):
         tfray.Dataset.from_ray_data(table(), batch_size=4, feature_columns="nope")
+
+
+@pytest.mark.parametrize("kind", ["local-shuffle", "data-iterator"])
+def test_iter_batches_path_delivers_every_row(kind):
+    """Local shuffling and DataIterators (Ray Train shards) read via iter_batches."""
+    data = table()
+    if kind == "data-iterator":
+        ds = tfray.Dataset.from_ray_data(data.iterator(), batch_size=16, feature_columns="a")
+    else:
+        ds = tfray.Dataset.from_ray_data(
+            data, batch_size=16, feature_columns="a", local_shuffle_buffer_size=32
+        )
+    for _ in range(2):
+        rows = np.concatenate([b.numpy() for b in ds])
+        assert sorted(rows.tolist()) == list(range(ROWS))

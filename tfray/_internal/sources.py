@@ -12,9 +12,8 @@ import logging
 
 import ray
 
-from tfray._internal import spec
+from tfray._internal import ray_data, spec
 from tfray._internal.generators import GeneratorShards, concurrency
-from tfray._internal.ray_data import RayDataBatches
 from tfray._internal.resolver import RefList, RefResolver
 from tfray._internal.status import BatchError, Code
 
@@ -213,34 +212,88 @@ class _Prepended:
 
 
 class RayDataSource(Source):
-    """A Ray Data Dataset or DataIterator, read with ``iter_batches`` per epoch."""
+    """A Ray Data Dataset or DataIterator, streamed once per epoch."""
 
-    def __init__(self, data, *, element_spec, feature_columns, label_columns, capacity, iter_batches_args):
+    def __init__(
+        self, data, *, element_spec, feature_columns, label_columns, capacity, iter_batches_args
+    ):
         self._data = data
         self._features = feature_columns
         self._labels = label_columns
+        self._capacity = capacity
         self._iter_batches_args = iter_batches_args
         stream = None
         if element_spec is None:
-            stream = self._start()
+            stream = _Peeked(self._start())
             try:
                 first = stream.peek()
-            except BatchError as e:
+            except Exception:
                 stream.close()
-                raise ValueError(f"from_ray_data: {e.message}") from None
+                raise
             if first is None:
                 stream.close()
                 raise ValueError("from_ray_data: the dataset is empty; pass element_spec.")
-            element_spec = spec.infer(first)
+            label, element, error = first
+            if error is not None:
+                stream.close()
+                raise ValueError(f"from_ray_data: {error.message}")
+            element_spec = spec.infer(element)
         super().__init__(element_spec, capacity=capacity, prestarted=stream)
 
     def _start(self):
-        return RayDataBatches(
-            self._data,
-            feature_columns=self._features,
-            label_columns=self._labels,
-            iter_batches_args=self._iter_batches_args,
-        )
+        import ray.data
+
+        elements = ray_data.Elements(self._features, self._labels)
+        args = self._iter_batches_args
+        if isinstance(self._data, ray.data.Dataset) and args["local_shuffle_buffer_size"] is None:
+            columns = None
+            if self._features is not None:
+                columns = _names(self._features) + (_names(self._labels) if self._labels else [])
+            return ray_data.BlockBatches(
+                self._data,
+                elements,
+                batch_size=args["batch_size"],
+                drop_last=args["drop_last"],
+                columns=list(dict.fromkeys(columns)) if columns else None,
+                max_inflight=self._capacity,
+            )
+        return ray_data.IterBatches(self._data, elements, args)
 
     def open_epoch(self, *, deterministic):
         return self.take_prestarted() or self._start()
+
+
+def _names(columns):
+    return [columns] if isinstance(columns, str) else list(columns)
+
+
+class _Peeked:
+    """A stream whose first item was read ahead (to learn the element spec)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._items = None
+
+    @property
+    def in_flight(self):
+        return self._stream.in_flight
+
+    def peek(self):
+        """The first ``(label, element, error)`` item, or None if there is none."""
+        while self._items is None:
+            items = self._stream.next_ready(0.1)
+            if items is None:
+                self._items = []
+                return None
+            if items:
+                self._items = items
+        return self._items[0] if self._items else None
+
+    def next_ready(self, timeout):
+        if self._items:
+            items, self._items = self._items, []
+            return items
+        return self._stream.next_ready(timeout)
+
+    def close(self):
+        self._stream.close()
