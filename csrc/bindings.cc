@@ -119,7 +119,7 @@ PYBIND11_MODULE(_native, m) {
       .def("close", &Channel::Close)
       .def("cancel", &Channel::Cancel)
       .def_property_readonly("cancelled", &Channel::cancelled)
-      .def_property_readonly("capacity", &Channel::capacity)
+      .def_property("capacity", &Channel::capacity, &Channel::SetCapacity)
       .def("stats", [](const Channel& self) {
         return tfray::StatsDict(self.Stats());
       });

@@ -51,7 +51,7 @@ std::vector<uint64_t> ReleaseQueue::Drain(double timeout_s) {
 }
 
 Channel::Channel(size_t capacity)
-    : capacity_(capacity == 0 ? 1 : capacity), created_(Clock::now()) {}
+    : created_(Clock::now()), capacity_(capacity == 0 ? 1 : capacity) {}
 
 Channel::~Channel() { Cancel(); }
 
@@ -142,6 +142,19 @@ void Channel::Cancel() {
     dropped.swap(items_);
   }
   not_empty_.notify_all();
+  not_full_.notify_all();
+}
+
+size_t Channel::capacity() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return capacity_;
+}
+
+void Channel::SetCapacity(size_t capacity) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    capacity_ = capacity == 0 ? 1 : capacity;
+  }
   not_full_.notify_all();
 }
 

@@ -128,7 +128,9 @@ class Channel {
   void Cancel();
 
   bool cancelled() const;
-  size_t capacity() const { return capacity_; }
+  size_t capacity() const;
+  // Lets the producer adapt how far ahead it may run (its look-ahead).
+  void SetCapacity(size_t capacity);
   ChannelStats Stats() const;
 
  private:
@@ -144,9 +146,9 @@ class Channel {
   PushResult PushItem(Item item, double timeout_s, int64_t bytes_copied,
                       int64_t arrays_copied);
 
-  const size_t capacity_;
   const std::chrono::steady_clock::time_point created_;
   mutable std::mutex mu_;
+  size_t capacity_;  // Guarded by mu_.
   std::condition_variable not_empty_;
   std::condition_variable not_full_;
   std::deque<Item> items_;  // Guarded by mu_.

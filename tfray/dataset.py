@@ -8,7 +8,6 @@ from tensorflow.python.data.ops import dataset_ops
 
 from tfray._internal import native, registry, sources, stats
 
-_MAX_INFLIGHT = 8
 _MAX_INFLIGHT_PER_PRODUCER = 2
 _RAY_DATA_CAPACITY = 4
 
@@ -64,7 +63,7 @@ class Dataset(dataset_ops.DatasetSource):
         super().__init__(variant)
 
     @classmethod
-    def from_refs(cls, refs, *, element_spec=None, max_inflight=_MAX_INFLIGHT):
+    def from_refs(cls, refs, *, element_spec=None, max_inflight=None, max_inflight_bytes=None):
         """A dataset over batches that Ray tasks, actors or ``ray.put`` made.
 
         Args:
@@ -74,13 +73,23 @@ class Dataset(dataset_ops.DatasetSource):
                 raises ``FailedPreconditionError`` from ``next()``).
             element_spec: see :class:`Dataset`.
             max_inflight: batches resolved ahead of the consumer, per
-                iterator. They stay pinned in the object store until
-                TensorFlow is done with them.
+                iterator (pinned in the object store until TensorFlow is done
+                with them). None (the default) adapts it: it starts at 2 and
+                doubles whenever TensorFlow had to wait for input, up to 64.
+            max_inflight_bytes: with ``max_inflight=None``, the object-store
+                bytes the batches resolved ahead may pin (they are counted
+                twice: in resolution and queued). None: a quarter of the
+                node's object store.
 
         Returns:
             A ``tfray.Dataset``.
         """
-        return cls(refs, element_spec=element_spec, max_inflight=max_inflight)
+        return cls(
+            refs,
+            element_spec=element_spec,
+            max_inflight=max_inflight,
+            max_inflight_bytes=max_inflight_bytes,
+        )
 
     @classmethod
     def from_generators(
@@ -212,8 +221,13 @@ def _make_source(source, element_spec, options):
     return _refs_source(source, element_spec, **options)
 
 
-def _refs_source(refs, element_spec, *, max_inflight=_MAX_INFLIGHT):
-    return sources.RefsSource(refs, element_spec=element_spec, max_inflight=max_inflight)
+def _refs_source(refs, element_spec, *, max_inflight=None, max_inflight_bytes=None):
+    return sources.RefsSource(
+        refs,
+        element_spec=element_spec,
+        max_inflight=max_inflight,
+        max_inflight_bytes=max_inflight_bytes,
+    )
 
 
 def _generator_source(

@@ -59,6 +59,7 @@ class Feeder(threading.Thread):
         self._channel = channel
         self._alignment = alignment
         self.refs_in_flight = 0  # Read by stats(); an int store is atomic.
+        self.lookahead = channel.capacity  # Likewise.
 
     @property
     def channel(self):
@@ -86,15 +87,21 @@ class Feeder(threading.Thread):
                     _live.discard(self)
 
     def _feed(self):
+        lookahead = getattr(self._stream, "lookahead", None)
         while not self._channel.cancelled:
             items = self._stream.next_ready(_POLL_S)
             self.refs_in_flight = self._stream.in_flight
             if items is None:
                 return
-            if items and not self._deliver(items):
+            if items and not self._deliver(items, lookahead):
                 return
+            if lookahead is not None and lookahead.adaptive:
+                limit = lookahead.update(self._channel.stats()["consumer_wait_s"])
+                if limit != self._channel.capacity:
+                    self._channel.capacity = limit
+                self.lookahead = limit
 
-    def _deliver(self, items):
+    def _deliver(self, items, lookahead):
         """Pushes ``items`` in order, errors in their places; False if cancelled."""
         pending = []
         for label, value, error in items:
@@ -102,6 +109,8 @@ class Feeder(threading.Thread):
                 if error is not None:
                     raise error
                 pending.append(self._entry(label, value))
+                if lookahead is not None:
+                    lookahead.observe(sum(a.nbytes for a in pending[-1][0]))
             except BatchError as e:
                 if not self._push(pending):
                     return False

@@ -16,6 +16,7 @@ import collections
 
 import numpy as np
 
+from tfray._internal.lookahead import LookAhead
 from tfray._internal.resolver import RefResolver
 from tfray._internal.status import BatchError, Code
 
@@ -121,7 +122,7 @@ class BlockBatches:
     """One epoch sliced from resolved blocks into batches of ``batch_size`` rows."""
 
     def __init__(self, data, elements, *, batch_size, drop_last, columns, max_inflight):
-        self._blocks = RefResolver(BlockRefs(data), max_inflight=max_inflight)
+        self._blocks = RefResolver(BlockRefs(data), lookahead=LookAhead(fixed=max_inflight))
         self._elements = elements
         self._batch_size = batch_size
         self._drop_last = drop_last

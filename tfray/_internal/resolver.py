@@ -1,6 +1,6 @@
 """Resolves a stream of ObjectRefs ahead of the consumer, in bulk and in order.
 
-Up to ``max_inflight`` refs wait in a window; each call hands back the longest
+Up to a look-ahead's ``limit`` of refs wait in a window; each call hands back the longest
 run of resolved refs at the window's head (one ``ray.wait`` and one
 ``ray.get`` for many batches, so the GIL is taken per window, not per batch).
 """
@@ -19,12 +19,13 @@ class RefResolver:
         refs: a ref stream: ``take(n, timeout)`` returns up to n
             ``(label, ref)`` pairs (waiting at most ``timeout``), ``done`` says
             it has no more, ``close()`` stops its producers.
-        max_inflight: refs taken but not yet handed on.
+        lookahead: a LookAhead; its ``limit`` bounds the refs taken but not
+            yet handed on.
     """
 
-    def __init__(self, refs, *, max_inflight):
+    def __init__(self, refs, *, lookahead):
         self._refs = refs
-        self._max_inflight = max_inflight
+        self.lookahead = lookahead
         self._window = collections.deque()  # (label, ref); feeder thread only.
 
     @property
@@ -35,7 +36,7 @@ class RefResolver:
         """Resolved ``(label, value, error)`` items, [] if none yet, None at the end."""
         if not ray_errors.ray_running():
             raise ray_errors.shutdown_error()
-        room = self._max_inflight - len(self._window)
+        room = self.lookahead.limit - len(self._window)
         if room > 0 and not self._refs.done:
             self._window.extend(self._refs.take(room, 0 if self._window else timeout))
         if not self._window:

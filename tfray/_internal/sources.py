@@ -14,6 +14,7 @@ import ray
 
 from tfray._internal import ray_data, spec
 from tfray._internal.generators import GeneratorShards, concurrency
+from tfray._internal.lookahead import START, LookAhead
 from tfray._internal.resolver import RefList, RefResolver
 from tfray._internal.status import BatchError, Code
 
@@ -75,8 +76,9 @@ class Source:
 class RefsSource(Source):
     """ObjectRefs: a sequence (replayable) or an iterator (read once)."""
 
-    def __init__(self, refs, *, element_spec, max_inflight):
-        self.max_inflight = positive_int("max_inflight", max_inflight)
+    def __init__(self, refs, *, element_spec, max_inflight, max_inflight_bytes):
+        self._max_inflight = None if max_inflight is None else positive_int("max_inflight", max_inflight)
+        self._budget = None if max_inflight_bytes is None else positive_int("max_inflight_bytes", max_inflight_bytes)
         if isinstance(refs, ray.ObjectRef):
             refs = [refs]
         if isinstance(refs, (list, tuple)):
@@ -101,7 +103,7 @@ class RefsSource(Source):
             if first is None:
                 raise ValueError("from_refs: cannot infer element_spec from no refs; pass element_spec.")
             element_spec = spec.infer(ray.get(first))
-        super().__init__(element_spec, capacity=self.max_inflight)
+        super().__init__(element_spec, capacity=self._max_inflight or START)
 
     def open_epoch(self, *, deterministic):
         if self._refs is not None:
@@ -115,7 +117,13 @@ class RefsSource(Source):
                 "has been read once already. Pass a list of refs to from_refs to "
                 "read it again (each iterator is a new epoch).",
             )
-        return RefResolver(RefList(refs), max_inflight=self.max_inflight)
+        lookahead = LookAhead(fixed=self._max_inflight, budget_bytes=self._budget or _default_budget())
+        return RefResolver(RefList(refs), lookahead=lookahead)
+
+
+def _default_budget():
+    """A quarter of this node's object store."""
+    return int(ray.cluster_resources().get("object_store_memory", 0) // 4) or None
 
 
 def _prepend(first, iterator):
@@ -178,7 +186,7 @@ class GeneratorSource(Source):
     def open_epoch(self, *, deterministic):
         shards = self.take_prestarted() or self._start()
         shards.deterministic = deterministic if self._deterministic is None else self._deterministic
-        return RefResolver(shards, max_inflight=self._window)
+        return RefResolver(shards, lookahead=LookAhead(fixed=self._window))
 
 
 class _Prepended:

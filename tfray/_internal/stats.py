@@ -24,6 +24,8 @@ class IteratorStats:
         active_s: from the iterator's creation to its latest batch: the
             part of the epoch TensorFlow was reading.
         refs_in_flight: refs being resolved ahead of the consumer now.
+        lookahead: batches the iterator may resolve ahead (it adapts
+            unless fixed with ``max_inflight``).
         queued: batches resolved and waiting in the channel now.
         get_next_calls: calls TensorFlow made for the next batch.
         finished: the feeder has pushed the whole epoch, or stopped.
@@ -40,6 +42,7 @@ class IteratorStats:
     producer_wait_s: float
     active_s: float
     refs_in_flight: int
+    lookahead: int
     queued: int
     get_next_calls: int
     finished: bool
@@ -77,6 +80,7 @@ def of_feeder(feeder):
         producer_wait_s=s["producer_wait_s"],
         active_s=s["active_s"],
         refs_in_flight=feeder.refs_in_flight,
+        lookahead=feeder.lookahead,
         queued=s["queued"],
         get_next_calls=s["get_next_calls"],
         finished=s["closed"],

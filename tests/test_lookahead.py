@@ -1,0 +1,47 @@
+"""The look-ahead adapts to an input-bound consumer, within its memory budget."""
+
+import time
+
+import numpy as np
+import pytest
+import ray
+
+import tfray
+
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
+
+MB = 1 << 20
+
+
+@ray.remote
+def slow_batch(i, nbytes):
+    time.sleep(0.05)  # A producer slower than the consumer.
+    return np.full(nbytes // 8, i, np.float64)
+
+
+def read_all(ds):
+    return [float(t[0]) for t in ds]
+
+
+def test_grows_when_tensorflow_waits_for_input():
+    """An input-bound epoch doubles the look-ahead from its start of 2."""
+    refs = [slow_batch.remote(i, 4096) for i in range(40)]
+    ds = tfray.Dataset(refs)
+    assert read_all(ds) == list(range(40))
+    assert ds.stats()[-1].lookahead > 2
+
+
+def test_stays_within_the_memory_budget():
+    """Batches pinned ahead (window and channel) stay within max_inflight_bytes."""
+    refs = [slow_batch.remote(i, MB) for i in range(16)]
+    ds = tfray.Dataset(refs, max_inflight_bytes=4 * MB)
+    assert read_all(ds) == list(range(16))
+    assert ds.stats()[-1].lookahead <= 2  # 4 MB / (2 x 1 MB batches).
+
+
+def test_a_fixed_look_ahead_does_not_move():
+    """max_inflight fixes the look-ahead."""
+    refs = [slow_batch.remote(i, 4096) for i in range(12)]
+    ds = tfray.Dataset(refs, max_inflight=3)
+    assert read_all(ds) == list(range(12))
+    assert ds.stats()[-1].lookahead == 3

@@ -1,0 +1,48 @@
+"""How far ahead of the consumer an iterator resolves batches.
+
+Fixed, or adaptive (the default for ``from_refs``): it starts small and
+doubles whenever TensorFlow had to wait on an empty channel, until the
+consumer stops waiting, a cap is reached, or the batches pinned ahead (in the
+resolver's window and in the channel, so twice the look-ahead) would pass
+the memory budget.
+"""
+
+START = 2
+CAP = 64
+# Waiting less than this between two checks is noise, not input-boundness.
+_WAIT_S = 0.001
+
+
+class LookAhead:
+    """The look-ahead of one iterator (used on its feeder's thread only).
+
+    Args:
+        fixed: a fixed look-ahead in batches, or None to adapt.
+        budget_bytes: with ``fixed=None``, the object-store bytes the
+            batches pinned ahead may take.
+    """
+
+    def __init__(self, fixed=None, budget_bytes=None):
+        self.adaptive = fixed is None
+        self.limit = START if self.adaptive else fixed
+        self._budget = budget_bytes
+        self._batch_bytes = 0.0  # Running mean of a batch's size.
+        self._waited = 0.0
+
+    def observe(self, batch_bytes):
+        """Records the size of a batch on its way to the consumer."""
+        self._batch_bytes += 0.1 * (batch_bytes - self._batch_bytes) if self._batch_bytes else batch_bytes
+
+    def update(self, consumer_wait_s):
+        """Adapts to the consumer's total wait so far; returns the limit."""
+        if not self.adaptive:
+            return self.limit
+        waited, self._waited = consumer_wait_s - self._waited, consumer_wait_s
+        if waited > _WAIT_S:
+            self.limit = min(self._cap(), self.limit * 2)
+        return self.limit
+
+    def _cap(self):
+        if not self._budget or not self._batch_bytes:
+            return CAP
+        return max(1, min(CAP, int(self._budget // (2 * self._batch_bytes))))
