@@ -162,3 +162,15 @@ def test_dropping_an_iterator_cancels_producers_and_frees_the_store():
     wait_until(lambda: store_bytes_used() == 0)
     # The producers were cancelled: nothing runs on the cluster any more.
     wait_until(lambda: ray.available_resources().get("CPU", 0) == 2)
+
+
+def test_producers_do_not_import_tensorflow():
+    """A producer process runs the user's generator without importing TF or tfray."""
+
+    def gen(shard):
+        import sys
+
+        yield np.array([int("tensorflow" in sys.modules), int("tfray" in sys.modules)])
+
+    (imported,) = list(tfray.Dataset.from_generators(gen, 1))
+    assert imported.numpy().tolist() == [0, 0]

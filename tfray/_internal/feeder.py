@@ -7,6 +7,7 @@ bounded, so a slow consumer blocks the feeder, which then stops asking its
 stream (and so Ray) for more.
 """
 
+import queue
 import threading
 
 import numpy as np
@@ -19,6 +20,36 @@ _POLL_S = 0.1
 
 _live_lock = threading.Lock()
 _live = set()  # Running feeders; guarded by _live_lock.
+_idle = 0  # Pool threads waiting for a feeder to run; guarded by _live_lock.
+_jobs = queue.SimpleQueue()
+
+
+def start(feeder):
+    """Runs ``feeder`` on an idle pool thread, or a new one.
+
+    Reusing threads keeps a new epoch from waiting on a thread's start-up
+    handshake, which takes the GIL several times: slow when it is contended.
+    """
+    global _idle
+    with _live_lock:
+        _live.add(feeder)
+        spawn = _idle == 0
+        if not spawn:
+            _idle -= 1
+    _jobs.put(feeder)
+    if spawn:
+        threading.Thread(target=_work, name="tfray-feeder", daemon=True).start()
+
+
+def _work():
+    global _idle
+    while True:
+        feeder = _jobs.get()
+        if feeder is None:
+            return
+        feeder.run()
+        with _live_lock:
+            _idle += 1
 
 
 def stop_all(timeout):
@@ -28,7 +59,7 @@ def stop_all(timeout):
     for feeder in feeders:
         feeder.channel.cancel()
     for feeder in feeders:
-        feeder.join(timeout)
+        feeder.done.wait(timeout)
 
 
 def aligned_copy(array, alignment):
@@ -40,8 +71,8 @@ def aligned_copy(array, alignment):
     return out
 
 
-class Feeder(threading.Thread):
-    """Feeds one epoch from ``stream`` into ``channel``.
+class Feeder:
+    """Feeds one epoch from ``stream`` into ``channel`` (see ``start``).
 
     Args:
         stream: ``next_ready(timeout)`` returns resolved ``(label, value,
@@ -53,7 +84,7 @@ class Feeder(threading.Thread):
     """
 
     def __init__(self, stream, flat_spec, channel, *, alignment):
-        super().__init__(name="tfray-feeder", daemon=True)
+        self.done = threading.Event()
         self._stream = stream
         self._spec = flat_spec
         self._channel = channel
@@ -66,8 +97,6 @@ class Feeder(threading.Thread):
         return self._channel
 
     def run(self):
-        with _live_lock:
-            _live.add(self)
         try:
             self._feed()
         except EpochError as e:
@@ -85,6 +114,7 @@ class Feeder(threading.Thread):
                 self._channel.close()
                 with _live_lock:
                     _live.discard(self)
+                self.done.set()
 
     def _feed(self):
         lookahead = getattr(self._stream, "lookahead", None)

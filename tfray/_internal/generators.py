@@ -12,13 +12,14 @@ paused by backpressure.
 """
 
 import ray
+from ray import cloudpickle
 
+from tfray._internal import producer
 
-def _run_shard(fn, shard):
-    yield from fn(shard)
-
-
-_remote_run_shard = ray.remote(_run_shard)
+# By value: by reference, every producer process would import tfray and
+# TensorFlow (seconds and hundreds of MB each) just to find this function.
+cloudpickle.register_pickle_by_value(producer)
+_remote_run_shard = ray.remote(producer.run_shard)
 
 
 def concurrency(num_shards, ray_remote_args):

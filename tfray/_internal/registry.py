@@ -12,7 +12,7 @@ import logging
 import threading
 
 from tfray._internal import native, pins
-from tfray._internal.feeder import Feeder, stop_all as stop_feeders
+from tfray._internal.feeder import Feeder, start as start_feeder, stop_all as stop_feeders
 from tfray._internal.status import BatchError, Code
 
 logger = logging.getLogger("tfray")
@@ -87,7 +87,7 @@ def _start_epoch(key, channel, deterministic):
         alignment=native.load().lib.TENSOR_ALIGNMENT,
     )
     source.record(feeder)
-    feeder.start()
+    start_feeder(feeder)
 
 
 @atexit.register

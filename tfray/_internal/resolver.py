@@ -49,12 +49,16 @@ class RefResolver:
         self._refs.close()
 
     def _ready_prefix(self, timeout):
-        head = self._window[0][1]
-        done, _ = ray.wait([head], num_returns=1, timeout=timeout, fetch_local=True)
-        if not done:
-            return []
+        # One call when the window is resolved (the common case); every Ray
+        # call releases and retakes the GIL, slow when it is contended.
         unique = list(dict.fromkeys(ref for _, ref in self._window))
         done, _ = ray.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
+        head = self._window[0][1]
+        if head not in set(done):
+            done, _ = ray.wait([head], num_returns=1, timeout=timeout, fetch_local=True)
+            if not done:
+                return []
+            done, _ = ray.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
         done = set(done)
         ready = []
         while self._window and self._window[0][1] in done:
