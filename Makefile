@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TF_PACKAGE ?= tensorflow-cpu==2.21.*
 PYTEST_ARGS ?=
 
-.PHONY: venv deps build test test-all test-native demo clean
+.PHONY: venv deps build test test-all test-native demo bench clean
 
 venv: $(PY)
 
@@ -37,6 +37,9 @@ test-all: build
 
 demo: build
 	$(PY) examples/keras_fit.py
+
+bench: build
+	$(PY) benchmarks/run.py
 
 clean:
 	rm -rf build *.egg-info tfray/_native*.so tfray/_build_info.py .pytest_cache

@@ -34,13 +34,15 @@ each pipeline below delivers those same batches, cycled, as a
 ``tfray``
     ``tfray.Dataset.from_refs(refs).repeat()``: the ``N`` refs, one epoch
     each, repeated. Unlike ``to_tf`` above, tfray *does* pay its per-epoch
-    start (a new iterator, hence a new feeder) every ``N`` batches inside the
-    timed run.
+    start (a new iterator, hence a new feeder and look-ahead) every ``N``
+    batches inside the timed run.
 ``tfray_1epoch``
     ``tfray.Dataset.from_refs(refs * K)``: the same ``N`` refs listed many
     times over in one list, so the timed run stays within one epoch, as
-    ``to_tf`` does. A variant, to show the cost of tfray's epoch starts; the
-    ``@K`` suffix (``tfray_1epoch@64``) sets ``max_inflight=K``.
+    ``to_tf`` does. A variant, to show the cost of tfray's epoch starts. A
+    look-ahead window longer than ``N`` holds some refs twice, which Ray gets
+    a little more cheaply than distinct ones. The ``@K`` suffix
+    (``tfray_1epoch@16``, ``tfray@8``) sets ``max_inflight=K``.
 
 What is not the same, by necessity: Ray Data keeps its own copy of the data
 in its block format (Arrow tensor columns), made from the same arrays.

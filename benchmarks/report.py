@@ -1,9 +1,12 @@
 """Turns the samples into the table, the targets check, JSON, RESULTS.md and a chart.
 
-Every figure is the median of its rounds. Ratios compare medians measured in
-the same scenario *and load*: a busy-thread row's ``x ceiling`` is against
-the ceiling with the same busy thread running (the thread takes a core from
-TensorFlow as well as the GIL from Python).
+Every figure is the median of its rounds. Every ratio is paired: the median,
+over rounds, of the ratio of the two pipelines' samples in the same round (a
+round measures each pipeline once, seconds apart), which cancels much of the
+drift of a shared machine; it is therefore not exactly the ratio of the
+medians shown. Ratios compare the same scenario *and load*: a busy-thread
+row's ``x ceiling`` is against the ceiling with the same busy thread running
+(the thread takes a core from TensorFlow as well as the GIL from Python).
 """
 
 import datetime
@@ -26,6 +29,13 @@ LABELS = {
 
 def _median(samples, key):
     return statistics.median(s[key] for s in samples)
+
+
+def _paired(a, b):
+    """Median over rounds of a[i] / b[i] (batches/s), or None."""
+    if not a or not b:
+        return None
+    return statistics.median(x["batches_per_s"] / y["batches_per_s"] for x, y in zip(a, b))
 
 
 def _label(name):
@@ -55,12 +65,15 @@ def machine_info():
                     mem_gib = round(int(line.split()[1]) / 2**20, 1)
     except OSError:
         pass
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         import tfray
 
+        tfray_path = os.path.dirname(os.path.abspath(tfray.__file__))
         tfray_built = tfray._native.built_tf_version()
     except Exception:  # noqa: BLE001 - informational only
-        tfray_built = None
+        tfray_path, tfray_built = None, None
+    tfray_from_repo = tfray_path == os.path.join(repo, "tfray")
     try:
         import subprocess
 
@@ -88,6 +101,8 @@ def machine_info():
         "ray": ray.__version__,
         "numpy": numpy.__version__,
         "tfray_built_against": tfray_built,
+        "tfray_imported_from": tfray_path,
+        "tfray_from_this_checkout": tfray_from_repo,
         "git_commit": commit,
         "tfray_sources_modified": bool(dirty),
         "kernel": platform.release(),
@@ -95,8 +110,14 @@ def machine_info():
     }
 
 
-def assemble(results, rss, args, wall_s):
-    """The JSON document: settings, machine, samples, medians and ratios."""
+def assemble(results, rss, args, wall_s, machine=None):
+    """The JSON document: settings, machine, samples, medians and ratios.
+
+    ``machine``: ``machine_info()`` taken when the run started (the commit
+    that ran), or None to take it now.
+    """
+    machine = dict(machine or machine_info())
+    machine["load_avg_at_end"] = os.getloadavg()
     rows = []
     for r in results:
         samples = r["samples"]
@@ -111,12 +132,18 @@ def assemble(results, rss, args, wall_s):
                 "batches_per_s": med[name],
                 "gb_per_s": med[name] * r["bytes_per_batch"] / 1e9,
                 "samples_batches_per_s": [x["batches_per_s"] for x in s],
+                "min_batches_per_s": min(x["batches_per_s"] for x in s),
+                "max_batches_per_s": max(x["batches_per_s"] for x in s),
                 "cpu_ms_per_batch": 1e3 * _median(s, "cpu_s_per_batch"),
-                "x_ceiling": med[name] / med["ceiling"] if "ceiling" in med else None,
+                "busy_loops_per_s": (
+                    _median(s, "busy_loops_per_s") if s[0].get("busy_loops_per_s") else None
+                ),
+                "x_ceiling": _paired(s, samples.get("ceiling")),
+                "x_ceiling_of_medians": med[name] / med["ceiling"] if "ceiling" in med else None,
             }
             if name.startswith("tfray"):
                 for other in ("from_generator", "to_tf"):
-                    row[f"x_{other}"] = med[name] / med[other] if other in med else None
+                    row[f"x_{other}"] = _paired(s, samples.get(other))
                 row["tfray_stats"] = s[-1].get("tfray")
             rows.append(row)
     return {
@@ -127,8 +154,11 @@ def assemble(results, rss, args, wall_s):
             "scenarios": args.runs,
             "pipelines": args.pipeline_names,
             "rss_batches": args.rss_batches,
+            "switch_interval": args.switch_interval,
+            "full": args.full,
+            "load_avg_at_start": args.load_avg_at_start,
         },
-        "machine": machine_info(),
+        "machine": machine,
         "wall_s": wall_s,
         "scenarios": [
             {k: v for k, v in r.items() if k != "samples"} | {"samples": r["samples"]}
@@ -205,6 +235,7 @@ def table_rows(data):
         "scenario",
         "pipeline",
         "batches/s",
+        "range",
         "GB/s",
         "x ceiling",
         "tfray / from_gen",
@@ -219,6 +250,7 @@ def table_rows(data):
                 scenario,
                 _label(r["pipeline"]),
                 f"{r['batches_per_s']:.1f}",
+                f"{r['min_batches_per_s']:.0f}-{r['max_batches_per_s']:.0f}",
                 f"{r['gb_per_s']:.2f}",
                 _fmt_ratio(r["x_ceiling"]),
                 _fmt_ratio(r.get("x_from_generator")),
@@ -232,7 +264,7 @@ def table_rows(data):
 def table_text(data):
     header, lines = table_rows(data)
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
-    right = {2, 3, 4, 5, 6, 7}
+    right = {2, 3, 4, 5, 6, 7, 8}
 
     def fmt(cells):
         return "  ".join(
@@ -251,7 +283,7 @@ def table_text(data):
 
 def table_markdown(data):
     header, lines = table_rows(data)
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * 6) + "|"]
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * 7) + "|"]
     for cells in lines:
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -320,7 +352,7 @@ def chart(data, path):
         "tfray_1epoch": "#8fd9bf",
     }
     width = 0.8 / len(names)
-    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(groups) + 2), 5))
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(groups) + 2), 6))
     for i, name in enumerate(names):
         xs, ys = [], []
         for j, g in enumerate(groups):
@@ -335,6 +367,7 @@ def chart(data, path):
             width,
             label=_label(name),
             color=colors.get(name.split("@")[0], None),
+            hatch="///" if "@" in name else None,
             edgecolor="black",
             linewidth=0.4,
         )
@@ -349,7 +382,8 @@ def chart(data, path):
         fontsize=10,
     )
     ax.grid(axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
+    ax.set_axisbelow(True)
+    ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -363,17 +397,25 @@ def results_markdown(data, chart_name, notes):
         "",
         "Written by `make bench` (`benchmarks/run.py`); the method is in the module",
         "docstrings of `run.py`, `pipelines.py` and `report.py`. Each figure is the",
-        f"median of {s['rounds']} rounds of a ~{s['seconds']} s timed run; `x ceiling` is",
-        "against the ceiling under the same load. Raw samples:",
+        f"median of {s['rounds']} rounds of a ~{s['seconds']} s timed run (`range`: the",
+        "lowest and highest round); each ratio is the median over rounds of the ratio",
+        "within a round, against the ceiling under the same load. Raw samples:",
         "`benchmarks/results/latest.json` (not committed).",
         "",
         "## Machine",
         "",
         f"- CPU: {m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB RAM; kernel {m['kernel']}",
         f"- Python {m['python']}, TensorFlow {m['tensorflow']}, Ray {m['ray']}, numpy {m['numpy']}",
-        f"- tfray at commit {m['git_commit']}"
-        + (" (with uncommitted changes in tfray/ or csrc/)" if m["tfray_sources_modified"] else ""),
-        f"- date {m['date']}; wall time {data['wall_s']:.0f} s; load average at the end "
+        (
+            f"- tfray at commit {m['git_commit']}"
+            + (" (with uncommitted changes in tfray/ or csrc/)" if m["tfray_sources_modified"] else "")
+            if m.get("tfray_from_this_checkout", True)
+            else f"- tfray imported from {m.get('tfray_imported_from')}, not this checkout"
+        ),
+        f"- date {m['date']}; wall time {data['wall_s']:.0f} s; load average (1, 5, 15 min) "
+        + "at the start "
+        + ", ".join(f"{x:.2f}" for x in s["load_avg_at_start"])
+        + ", at the end "
         + ", ".join(f"{x:.2f}" for x in m["load_avg_at_end"])
         + " (a shared machine: other work ran alongside)",
         "",
@@ -420,15 +462,22 @@ def results_markdown(data, chart_name, notes):
     return text + (notes or "")
 
 
-def write(data, here, *, full, out=None):
+def write(data, here, *, full, out=None, write_json=True):
     """Writes JSON always; RESULTS.md and the chart in benchmarks/ only for full runs."""
     results_dir = os.path.join(here, "results")
     os.makedirs(results_dir, exist_ok=True)
     paths = []
-    json_path = out or os.path.join(results_dir, "latest.json")
-    with open(json_path, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-    paths.append(json_path)
+    if write_json:
+        # latest.json, and a copy named by the run's date that a later (say,
+        # quick) run does not overwrite.
+        stamp = data["machine"]["date"].replace(":", "").replace("-", "")[:15]
+        kind = "full" if full else "partial"
+        json_paths = [out or os.path.join(results_dir, "latest.json")]
+        json_paths.append(os.path.join(results_dir, f"{kind}-{stamp}.json"))
+        for json_path in json_paths:
+            with open(json_path, "w") as f:
+                json.dump(data, f, indent=1, default=str)
+            paths.append(json_path)
     target_dir = here if full else results_dir
     chart_name = "throughput.png"
     chart_path = os.path.join(target_dir, chart_name)
@@ -449,3 +498,24 @@ def write(data, here, *, full, out=None):
         f.write(results_markdown(data, chart_name, notes))
     paths.append(md_path)
     return paths
+
+
+def main(argv=None):
+    """Re-renders the table, chart and RESULTS.md from a run's JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser.add_argument("json", nargs="?", default=os.path.join(here, "results", "latest.json"))
+    args = parser.parse_args(argv)
+    with open(args.json) as f:
+        data = json.load(f)
+    print(table_text(data))
+    print()
+    print(targets_text(data))
+    for path in write(data, here, full=data["settings"].get("full", False), write_json=False):
+        print(f"wrote {os.path.relpath(path)}")
+
+
+if __name__ == "__main__":
+    main()

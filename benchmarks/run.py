@@ -19,10 +19,12 @@ Why it is fair:
   (traced, buffers filled, every distinct batch read twice) before the timed
   call, which runs a fixed number of batches chosen from a short probe to take
   about ``--seconds``. The pipelines are measured in turn within each round,
-  and the rounds repeat (``--rounds``, default 3); each figure is the median
-  of its rounds, so slow drifts of this shared machine hit every pipeline
-  alike. Ratios to the ceiling use the ceiling measured under the same load:
-  a busy thread takes a core from TensorFlow too.
+  and the rounds repeat (``--rounds``, default 5), each starting at the next
+  pipeline; each figure is the median of its rounds, and each ratio the
+  median over rounds of the ratio within a round, so the drifts of this
+  shared machine hit the pipelines compared alike. Ratios to the ceiling use
+  the ceiling measured under the same load: a busy thread takes a core from
+  TensorFlow too.
 - **Busy thread** (``+busy`` scenarios): a thread in the trainer process runs
   ``while not stop: x = sum(range(1000))`` during warm-up and timing: pure
   Python that holds the GIL except when the interpreter forces a switch.
@@ -42,7 +44,6 @@ import argparse
 import dataclasses
 import gc
 import os
-import statistics
 import sys
 import threading
 import time
@@ -54,7 +55,6 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import numpy as np  # noqa: E402
 import ray  # noqa: E402
 import ray.data  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -83,8 +83,10 @@ SCENARIOS = {
     # (b) 38.5 MB: 256 uint8 224x224 RGB images.
     "38MB": Scenario("38MB", 256, (224, 224, 3), "uint8", 8),
     # (c) 16 KB: 16 rows of 256 float32; per-batch overhead dominates.
-    # A bigger window matters here (see RESULTS.md), so it is tried too.
-    "16KB": Scenario("16KB", 16, (256,), "float32", 16, extra=("tfray_1epoch@64",)),
+    # The window (max_inflight) matters here, so a window of all 16 distinct
+    # refs is tried too (a bigger one would hold the same refs twice, and Ray
+    # gets a repeated ref more cheaply than a distinct one).
+    "16KB": Scenario("16KB", 16, (256,), "float32", 16, extra=("tfray_1epoch@16",)),
 }
 LOADS = ("idle", "busy")
 ALL_RUNS = [f"{s}{'+busy' if load == 'busy' else ''}" for load in LOADS for s in SCENARIOS]
@@ -161,6 +163,7 @@ def measure(dataset, *, busy, seconds, distinct, min_probe_s):
     Returns a dict with the batches, seconds and CPU seconds of the timed run.
     """
     iterator = iter(dataset)
+    busy_start = time.perf_counter()
     with BusyThread(busy) as load:
         run_consume(iterator, 2 * distinct)  # Trace, fill buffers, read every batch twice.
         probe = distinct
@@ -173,26 +176,32 @@ def measure(dataset, *, busy, seconds, distinct, min_probe_s):
         cpu = time.process_time()
         dt = run_consume(iterator, n)
         cpu = time.process_time() - cpu
+    busy_s = time.perf_counter() - busy_start
     del iterator
     return {
         "batches": n,
         "seconds": dt,
         "batches_per_s": n / dt,
         "cpu_s_per_batch": cpu / n,
-        "busy_iterations": load.iterations,
+        # How much the busy thread got to run (its loops per second over
+        # warm-up, probe and timed run): the GIL and a core it did not get.
+        "busy_loops_per_s": load.iterations / busy_s if busy else None,
     }
 
 
 def tfray_totals(source):
-    """tfray's own counters, summed over the epochs (iterators) of a sample."""
-    stats = source.stats()
-    return {
-        "epochs": len(stats),
-        "batches": sum(s.batches for s in stats),
-        "bytes_copied": sum(s.bytes_copied for s in stats),
-        "consumer_wait_s": sum(s.consumer_wait_s for s in stats),
-        "producer_wait_s": sum(s.producer_wait_s for s in stats),
-    }
+    """tfray's own counters, summed over the (recent) epochs of a sample."""
+    try:
+        stats = source.stats()
+    except Exception as e:  # noqa: BLE001 - informational only
+        return {"error": repr(e)}
+    fields = ("batches", "bytes_copied", "consumer_wait_s", "producer_wait_s")
+    out = {"epochs": len(stats)}
+    for field in fields:
+        out[field] = sum(getattr(s, field, 0) or 0 for s in stats)
+    if stats and hasattr(stats[-1], "lookahead"):
+        out["lookahead_last_epoch"] = stats[-1].lookahead
+    return out
 
 
 def build(name, batches, refs, spec, ray_data):
@@ -235,7 +244,10 @@ def run_scenario(scenario, loads, names, args, log):
         busy = load == "busy"
         samples = {name: [] for name in names}
         for rnd in range(args.rounds):
-            for name in names:
+            # Each round starts one pipeline further on, so no pipeline always
+            # runs first (after set-up) or right after the same neighbour.
+            shift = rnd % len(names)
+            for name in names[shift:] + names[:shift]:
                 gc.collect()
                 ds, source = build(name, batches, refs, spec, ray_data)
                 sample = measure(
@@ -272,6 +284,7 @@ def rss_check(refs, spec, scenario, bytes_per_batch, n, log):
     """RSS before and after ``n`` batches through one tfray pipeline."""
     source, ds = pipelines.tfray_dataset(refs, spec)
     iterator = iter(ds)
+    start = rss_kb()
     run_consume(iterator, 4 * scenario.distinct)  # Maps every batch's pages, traces.
     gc.collect()
     before = rss_kb()
@@ -283,6 +296,7 @@ def rss_check(refs, spec, scenario, bytes_per_batch, n, log):
     out = {
         "batches": n,
         "seconds": seconds,
+        "at_iterator_start_kb": start,
         "before_kb": before,
         "after_kb": after,
         "growth_bytes": growth,
@@ -310,13 +324,20 @@ def parse_args(argv):
         default=",".join(pipelines.PIPELINES),
         help="comma-separated, of %s; tfray@K sets max_inflight=K" % ", ".join(pipelines.PIPELINES),
     )
-    parser.add_argument("--rounds", type=int, default=None, help="samples per figure (3)")
-    parser.add_argument("--seconds", type=float, default=None, help="timed run length (1.5)")
+    parser.add_argument("--rounds", type=int, default=None, help="samples per figure (5)")
+    parser.add_argument("--seconds", type=float, default=None, help="timed run length (1.0)")
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval for the run (Python's default: 0.005 s); a diagnostic "
+        "of GIL hand-off latency with the busy thread",
+    )
     parser.add_argument("--rss-batches", type=int, default=None, help="batches of the RSS run (2000)")
     parser.add_argument("--out", default=None, help="JSON path (benchmarks/results/latest.json)")
     args = parser.parse_args(argv)
-    args.rounds = args.rounds or (1 if args.quick else 3)
-    args.seconds = args.seconds or (0.3 if args.quick else 1.5)
+    args.rounds = args.rounds or (1 if args.quick else 5)
+    args.seconds = args.seconds or (0.3 if args.quick else 1.0)
     args.min_probe_s = 0.1 if args.quick else 0.25
     if args.rss_batches is None:
         args.rss_batches = 300 if args.quick else 2000
@@ -329,15 +350,22 @@ def parse_args(argv):
     for p in args.pipeline_names:
         if p.split("@")[0] not in pipelines.PIPELINES:
             parser.error(f"unknown pipeline {p}")
-    args.full = not args.quick and set(runs) == set(ALL_RUNS) and set(
-        args.pipeline_names
-    ) >= set(pipelines.PIPELINES)
+    args.full = (
+        not args.quick
+        and args.switch_interval is None
+        and set(runs) == set(ALL_RUNS)
+        and set(args.pipeline_names) >= set(pipelines.PIPELINES)
+    )
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
     wall = time.perf_counter()
+    args.load_avg_at_start = os.getloadavg()
+    machine = report.machine_info()  # The commit that runs, and when it started.
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
 
     def log(message):
         print(message, flush=True)
@@ -388,7 +416,7 @@ def main(argv=None):
             )
 
     wall = time.perf_counter() - wall
-    data = report.assemble(results, rss, args, wall)
+    data = report.assemble(results, rss, args, wall, machine)
     log("")
     log(report.table_text(data))
     log("")

@@ -45,3 +45,15 @@ def test_a_fixed_look_ahead_does_not_move():
     ds = tfray.Dataset(refs, max_inflight=3)
     assert read_all(ds) == list(range(12))
     assert ds.stats()[-1].lookahead == 3
+
+
+def test_the_next_epoch_starts_where_the_last_one_got_to():
+    """Short epochs do not each start small again."""
+    refs = [slow_batch.remote(i, 4096) for i in range(40)]
+    ds = tfray.Dataset(refs)
+    read_all(ds)
+    learned = ds.stats()[-1].lookahead
+    assert learned > 2
+    it = iter(ds)
+    next(it)
+    assert ds.stats()[-1].lookahead >= learned

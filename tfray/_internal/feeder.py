@@ -118,6 +118,8 @@ class Feeder:
 
     def _feed(self):
         lookahead = getattr(self._stream, "lookahead", None)
+        if lookahead is not None and lookahead.adaptive:
+            self._channel.capacity = self.lookahead = lookahead.limit
         while not self._channel.cancelled:
             items = self._stream.next_ready(_POLL_S)
             self.refs_in_flight = self._stream.in_flight

@@ -4,7 +4,8 @@ Fixed, or adaptive (the default for ``from_refs``): it starts small and
 doubles whenever TensorFlow had to wait on an empty channel, until the
 consumer stops waiting, a cap is reached, or the batches pinned ahead (in the
 resolver's window and in the channel, so twice the look-ahead) would pass
-the memory budget.
+the memory budget. A source's next epoch starts where its last one got to,
+so short epochs do not each start small again.
 """
 
 START = 2
@@ -20,12 +21,15 @@ class LookAhead:
         fixed: a fixed look-ahead in batches, or None to adapt.
         budget_bytes: with ``fixed=None``, the object-store bytes the
             batches pinned ahead may take.
+        start: with ``fixed=None``, the look-ahead to start from.
+        on_change: with ``fixed=None``, called with each new limit.
     """
 
-    def __init__(self, fixed=None, budget_bytes=None):
+    def __init__(self, fixed=None, budget_bytes=None, start=START, on_change=None):
         self.adaptive = fixed is None
-        self.limit = START if self.adaptive else fixed
+        self.limit = start if self.adaptive else fixed
         self._budget = budget_bytes
+        self._on_change = on_change
         self._batch_bytes = 0.0  # Running mean of a batch's size.
         self._waited = 0.0
 
@@ -38,8 +42,10 @@ class LookAhead:
         if not self.adaptive:
             return self.limit
         waited, self._waited = consumer_wait_s - self._waited, consumer_wait_s
-        if waited > _WAIT_S:
+        if waited > _WAIT_S and self.limit < self._cap():
             self.limit = min(self._cap(), self.limit * 2)
+            if self._on_change is not None:
+                self._on_change(self.limit)
         return self.limit
 
     def _cap(self):

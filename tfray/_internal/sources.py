@@ -79,6 +79,7 @@ class RefsSource(Source):
     def __init__(self, refs, *, element_spec, max_inflight, max_inflight_bytes):
         self._max_inflight = None if max_inflight is None else positive_int("max_inflight", max_inflight)
         self._budget = None if max_inflight_bytes is None else positive_int("max_inflight_bytes", max_inflight_bytes)
+        self._learned = START  # The adaptive look-ahead the last epoch reached.
         if isinstance(refs, ray.ObjectRef):
             refs = [refs]
         if isinstance(refs, (list, tuple)):
@@ -117,8 +118,18 @@ class RefsSource(Source):
                 "has been read once already. Pass a list of refs to from_refs to "
                 "read it again (each iterator is a new epoch).",
             )
-        lookahead = LookAhead(fixed=self._max_inflight, budget_bytes=self._budget or _default_budget())
+        if self._max_inflight is None and self._budget is None:
+            self._budget = _default_budget()  # Once: it asks the cluster.
+        lookahead = LookAhead(
+            fixed=self._max_inflight,
+            budget_bytes=self._budget,
+            start=self._learned,
+            on_change=self._remember,
+        )
         return RefResolver(RefList(refs), lookahead=lookahead)
+
+    def _remember(self, limit):
+        self._learned = limit
 
 
 def _default_budget():
