@@ -27,6 +27,7 @@ import ray  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfray  # noqa: E402
+from recorder import Recorder  # noqa: E402
 
 IMAGE_SHAPE = (32, 32, 3)
 NUM_CLASSES = 10
@@ -48,29 +49,6 @@ def make_batch(index, batch_size):
     # Centred, so that every class wins about equally often.
     logits = (image.reshape(batch_size, pixels) - 127.5) @ projection
     return {"image": image, "label": logits.argmax(axis=1).astype(np.int32)}
-
-
-class Recorder(keras.callbacks.Callback):
-    """Wall time per epoch, and the loss of the very first batch.
-
-    The first batch's loss is the untrained model's (about ln 10 = 2.30), so
-    the demo can tell whether the loss fell even when it runs one epoch.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.seconds = []
-        self.first_loss = None
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.first_loss is None:
-            self.first_loss = float(logs["loss"])
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds.append(time.perf_counter() - self._start)
 
 
 def build_model():

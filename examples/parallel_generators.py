@@ -35,6 +35,7 @@ import ray  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfray  # noqa: E402
+from recorder import Recorder  # noqa: E402
 
 IMAGE_SIZE = 32
 PAD = 4  # Source images are PAD larger on each side, for random crops.
@@ -87,29 +88,6 @@ def augment(shard, *, batches, batch_size):
     for i in range(batches):
         images, labels = source_images(np.random.default_rng([shard, i]), batch_size)
         yield {"image": augment_batch(augmentation, images), "label": labels}
-
-
-class Recorder(keras.callbacks.Callback):
-    """Wall time per epoch, and the loss of the very first batch.
-
-    The first batch's loss is the untrained model's (about ln 10 = 2.30), so
-    the example can tell whether the loss fell.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.seconds = []
-        self.first_loss = None
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.first_loss is None:
-            self.first_loss = float(logs["loss"])
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds.append(time.perf_counter() - self._start)
 
 
 def build_model():

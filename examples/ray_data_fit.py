@@ -23,7 +23,6 @@ import argparse
 import logging
 import os
 import sys
-import time
 import warnings
 
 # Keras must train with TensorFlow for tf.data tensors to reach the model
@@ -37,6 +36,7 @@ import ray.data  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfray  # noqa: E402
+from recorder import Recorder  # noqa: E402
 
 FEATURES = 64
 NUM_CLASSES = 4
@@ -57,29 +57,6 @@ def make_rows(batch):
     label = (features @ PROJECTION).argmax(axis=1).astype(np.int64)
     # A 2-D array becomes a tensor column: one (FEATURES,) tensor per row.
     return {"features": features, "label": label}
-
-
-class Recorder(keras.callbacks.Callback):
-    """Wall time per epoch, and the loss of the very first batch.
-
-    The first batch's loss is the untrained model's (about ln 4 = 1.39), so
-    the example can tell whether the loss fell.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.seconds = []
-        self.first_loss = None
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.first_loss is None:
-            self.first_loss = float(logs["loss"])
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds.append(time.perf_counter() - self._start)
 
 
 def build_model():
