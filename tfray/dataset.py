@@ -204,6 +204,32 @@ class Dataset(dataset_ops.DatasetSource):
     def element_spec(self):
         return self._structure
 
+    def shard(self, num_shards, index, name=None):
+        """Keeps batches ``index``, ``index + num_shards``, ... at the source.
+
+        Unlike ``tf.data.Dataset.shard``, which reads every element and
+        discards the others, this reads only its share: ``from_refs`` resolves
+        only the refs ``index::num_shards``, ``from_generators`` runs only the
+        shards ``index::num_shards``.
+
+        Args:
+            num_shards: the number of shards, an int >= 1.
+            index: this shard, an int in ``[0, num_shards)``.
+            name: unused; tf.data's op name.
+
+        Returns:
+            A ``tfray.Dataset``.
+
+        Raises:
+            TypeError: for ``from_ray_data`` (use Ray Data's own splitting,
+                e.g. Ray Train's ``get_dataset_shard``) and one-shot iterators.
+        """
+        num_shards = sources.positive_int("num_shards", _as_int(num_shards))
+        index = _as_int(index)
+        if not 0 <= index < num_shards:
+            raise ValueError(f"index: expected 0 <= index < {num_shards}, got {index}")
+        return Dataset(self._source.shard(num_shards, index))
+
     def stats(self):
         """Statistics of this dataset's recent iterators, oldest first.
 
@@ -214,6 +240,8 @@ class Dataset(dataset_ops.DatasetSource):
 
 
 def _make_source(source, element_spec, options):
+    if isinstance(source, sources.Source):  # From shard(): already made.
+        return source
     if _is_ray_data(source):
         return _ray_data_source(source, element_spec, **options)
     if callable(source) and not isinstance(source, ray.ObjectRef):
@@ -228,6 +256,10 @@ def _refs_source(refs, element_spec, *, max_inflight=None, max_inflight_bytes=No
         max_inflight=max_inflight,
         max_inflight_bytes=max_inflight_bytes,
     )
+
+
+def _as_int(value):
+    return int(value.numpy()) if isinstance(value, tf.Tensor) else value
 
 
 def _generator_source(

@@ -56,6 +56,14 @@ class Source:
     def open_epoch(self, *, deterministic):
         raise NotImplementedError
 
+    def shard(self, num_shards, index):
+        """A source of this one's share ``index`` of ``num_shards``."""
+        raise TypeError(
+            f"{type(self).__name__} cannot be sharded at the source; shard the "
+            "data before it reaches tfray (for Ray Data: Ray Train's "
+            "get_dataset_shard, or Dataset.split)."
+        )
+
     def take_prestarted(self):
         stream, self._prestarted = self._prestarted, None
         return stream
@@ -77,6 +85,7 @@ class RefsSource(Source):
     """ObjectRefs: a sequence (replayable) or an iterator (read once)."""
 
     def __init__(self, refs, *, element_spec, max_inflight, max_inflight_bytes):
+        self._options = dict(max_inflight=max_inflight, max_inflight_bytes=max_inflight_bytes)
         self._max_inflight = None if max_inflight is None else positive_int("max_inflight", max_inflight)
         self._budget = None if max_inflight_bytes is None else positive_int("max_inflight_bytes", max_inflight_bytes)
         self._learned = START  # The adaptive look-ahead the last epoch reached.
@@ -105,6 +114,13 @@ class RefsSource(Source):
                 raise ValueError("from_refs: cannot infer element_spec from no refs; pass element_spec.")
             element_spec = spec.infer(ray.get(first))
         super().__init__(element_spec, capacity=self._max_inflight or START)
+
+    def shard(self, num_shards, index):
+        if self._refs is None:
+            raise TypeError("a one-shot iterator of refs cannot be sharded; pass a list of refs")
+        return RefsSource(
+            self._refs[index::num_shards], element_spec=self.element_spec, **self._options
+        )
 
     def open_epoch(self, *, deterministic):
         if self._refs is not None:
@@ -170,6 +186,16 @@ class GeneratorSource(Source):
         if element_spec is None:
             element_spec, prestarted = self._infer_spec()
         super().__init__(element_spec, capacity=self._window, prestarted=prestarted)
+
+    def shard(self, num_shards, index):
+        return GeneratorSource(
+            self._fn,
+            self._shards[index::num_shards],
+            element_spec=self.element_spec,
+            max_inflight_per_producer=self._per_producer,
+            deterministic=self._deterministic,
+            ray_remote_args=self._ray_remote_args,
+        )
 
     def _start(self):
         return GeneratorShards(
