@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 N = 24
 SIDE = 512  # One 512x512 float32 batch (1 MB) per step.
 HOLD_S = 8.0
-WORK = 2  # Matmuls per batch.
+WORK = 4  # Matmuls per batch.
 
 
 def hold_gil(seconds):
@@ -62,7 +62,11 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
     result = {}
     consumer = threading.Thread(target=lambda: result.update(out=concrete(iterator)))
     consumer.start()
-    wait_until(lambda: ds.stats()[-1].get_next_calls >= 1, interval=0.001)
+    # A tight poll (wait_until collects garbage between polls, which takes
+    # longer than the drain): the hold must start while the consumer works.
+    deadline = time.monotonic() + 60
+    while ds.stats()[-1].get_next_calls < 1:
+        assert time.monotonic() < deadline, "the consumer never started"
     consumed_before = ds.stats()[-1].batches
     start = time.time()
     hold_gil(HOLD_S)
