@@ -140,7 +140,7 @@ def main():
         "Ray Data, 10 MB batches": ray_data(args.ray_data_batches, args.repeats),
     }
     ideal = args.producers * 1e3 / args.cpu_ms
-    print(f"\n| scenario | pipeline | batches/s | vs. baseline |\n|---|---|---:|---:|")
+    print("\n| scenario | pipeline | batches/s | vs. baseline |\n|---|---|---:|---:|")
     for scenario, rates in results.items():
         baseline = next(iter(rates.values()))
         for name, rate in rates.items():

@@ -14,7 +14,6 @@ non-zero if the loss did not fall.
 
 import argparse
 import os
-import sys
 import time
 
 # Keras must train with TensorFlow for tf.data tensors to reach the model
@@ -27,7 +26,7 @@ import ray  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfray  # noqa: E402
-from recorder import Recorder  # noqa: E402
+import training  # noqa: E402
 
 IMAGE_SHAPE = (32, 32, 3)
 NUM_CLASSES = 10
@@ -108,15 +107,8 @@ def main():
     ).prefetch(tf.data.AUTOTUNE)
 
     model = build_model()
-    recorder = Recorder()
-    seen = len(source.stats())
-    # shuffle=False: Keras cannot shuffle a tf.data input, and warns if asked.
-    history = model.fit(ds, epochs=args.epochs, callbacks=[recorder], shuffle=False, verbose=2)
-    losses = history.history["loss"]
-    # Keras starts an iterator per epoch, in order, plus one at each epoch's
-    # end that it drops unread: the epochs are the iterators that delivered.
-    epochs = [s for s in source.stats()[seen:] if s.batches]
-    assert len(epochs) == args.epochs, source.stats()[seen:]
+    history, recorder, epochs = training.fit(model, ds, source, args.epochs)
+    losses = history["loss"]
 
     print()
     for i, (loss, stats, seconds) in enumerate(zip(losses, epochs, recorder.seconds), 1):
@@ -145,8 +137,7 @@ def main():
         f"tfray demo: loss {first:.2f} -> {last:.2f} over {args.epochs} epochs; "
         f"{batches_s:.0f} batches/s, {gb_s:.2f} GB/s; {zero_copy / moved:.0%} zero-copy"
     )
-    if not last < 0.9 * first:  # A margin, so that noise cannot pass for learning.
-        sys.exit(f"tfray demo: FAILED: the loss did not fall ({first:.3f} -> {last:.3f})")
+    training.exit_unless_loss_fell("tfray demo", first, last)
 
 
 if __name__ == "__main__":

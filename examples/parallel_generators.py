@@ -21,9 +21,7 @@ store, two producers) and exits non-zero if the loss did not fall.
 import argparse
 import functools
 import os
-import sys
 import time
-import warnings
 
 # Keras must train with TensorFlow for tf.data tensors to reach the model
 # as they are; another backend would convert (copy) every batch.
@@ -35,7 +33,7 @@ import ray  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfray  # noqa: E402
-from recorder import Recorder  # noqa: E402
+import training  # noqa: E402
 
 IMAGE_SIZE = 32
 PAD = 4  # Source images are PAD larger on each side, for random crops.
@@ -166,20 +164,9 @@ def main():
     # the prefetch thread, which the model need not feel).
     ds = source.map(lambda b: (b["image"], b["label"]))
 
-    # The epoch's length is unknown to tf.data (cardinality -2), so Keras learns
-    # it by running out of data in the first epoch, and warns that it did.
-    warnings.filterwarnings("ignore", message="Your input ran out of data")
     model = build_model()
-    recorder = Recorder()
-    seen = len(source.stats())
-    # shuffle=False: Keras cannot shuffle a tf.data input, and warns if asked.
-    history = model.fit(ds, epochs=args.epochs, callbacks=[recorder], shuffle=False, verbose=2)
-    losses = history.history["loss"]
-    accuracies = history.history["accuracy"]
-    # Keras starts an iterator per epoch, in order, plus one at each epoch's
-    # end that it drops unread: the epochs are the iterators that delivered.
-    epochs = [s for s in source.stats()[seen:] if s.batches]
-    assert len(epochs) == args.epochs, source.stats()[seen:]
+    history, recorder, epochs = training.fit(model, ds, source, args.epochs)
+    losses, accuracies = history["loss"], history["accuracy"]
 
     print()
     for i, (loss, accuracy, stats, seconds) in enumerate(
@@ -215,8 +202,7 @@ def main():
         f"{args.producers} producers fed {batches_s:.0f} batches/s "
         f"({flat_out:.0f} flat out)"
     )
-    if not last < 0.9 * first:  # A margin, so that noise cannot pass for learning.
-        sys.exit(f"parallel_generators: FAILED: the loss did not fall ({first:.3f} -> {last:.3f})")
+    training.exit_unless_loss_fell("parallel_generators", first, last)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ import argparse
 import logging
 import os
 import sys
-import warnings
 
 # Keras must train with TensorFlow for tf.data tensors to reach the model
 # as they are; another backend would convert (copy) every batch.
@@ -36,7 +35,7 @@ import ray.data  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfray  # noqa: E402
-from recorder import Recorder  # noqa: E402
+import training  # noqa: E402
 
 FEATURES = 64
 NUM_CLASSES = 4
@@ -121,24 +120,12 @@ def main():
         sys.exit("ray_data_fit: FAILED: tfray's element_spec differs from to_tf's")
     del theirs  # Only its element_spec was wanted.
 
-    # The epoch's length is unknown to tf.data (cardinality -2), so Keras learns
-    # it by running out of data in the first epoch, and warns that it did.
-    warnings.filterwarnings("ignore", message="Your input ran out of data")
     model = build_model()
-    recorder = Recorder()
-    seen = len(source.stats())
-    # shuffle=False: Keras cannot shuffle a tf.data input, and warns if asked.
     # Fed as it is, with no tf.data prefetch: tfray's channel already holds
     # batches ahead of TF, and without one, consumer_wait_s is exactly the time
-    # the training step waited for its batch (behind a prefetch it would count
-    # the prefetch thread's waits, which the model need not feel).
-    history = model.fit(source, epochs=args.epochs, callbacks=[recorder], shuffle=False, verbose=2)
-    losses = history.history["loss"]
-    accuracies = history.history["accuracy"]
-    # Keras starts an iterator per epoch, in order, plus one at each epoch's
-    # end that it drops unread: the epochs are the iterators that delivered.
-    epochs = [s for s in source.stats()[seen:] if s.batches]
-    assert len(epochs) == args.epochs, source.stats()[seen:]
+    # the training step waited for its batch.
+    history, recorder, epochs = training.fit(model, source, source, args.epochs)
+    losses, accuracies = history["loss"], history["accuracy"]
 
     print()
     for i, (loss, accuracy, stats, seconds) in enumerate(
@@ -165,8 +152,7 @@ def main():
         f"{copied / 1e6:.1f} MB copied ({zero_copy / max(zero_copy + copied, 1):.0%} zero-copy); "
         f"element_spec the same as to_tf's"
     )
-    if not last < 0.9 * first:  # A margin, so that noise cannot pass for learning.
-        sys.exit(f"ray_data_fit: FAILED: the loss did not fall ({first:.3f} -> {last:.3f})")
+    training.exit_unless_loss_fell("ray_data_fit", first, last)
 
 
 if __name__ == "__main__":

@@ -118,7 +118,9 @@ class Feeder:
 
     def _feed(self):
         lookahead = getattr(self._stream, "lookahead", None)
-        if lookahead is not None and lookahead.adaptive:
+        if lookahead is None or not lookahead.adaptive:
+            lookahead = None  # Fixed: the channel's capacity already says it.
+        else:
             self._channel.capacity = self.lookahead = lookahead.limit
         while not self._channel.cancelled:
             items = self._stream.next_ready(_POLL_S)
@@ -127,14 +129,16 @@ class Feeder:
                 return
             if items and not self._deliver(items, lookahead):
                 return
-            if lookahead is not None and lookahead.adaptive:
+            if lookahead is not None:
                 limit = lookahead.update(self._channel.stats()["consumer_wait_s"])
-                if limit != self._channel.capacity:
-                    self._channel.capacity = limit
-                self.lookahead = limit
+                if limit != self.lookahead:
+                    self._channel.capacity = self.lookahead = limit
 
     def _deliver(self, items, lookahead):
-        """Pushes ``items`` in order, errors in their places; False if cancelled."""
+        """Pushes ``items`` in order, errors in their places; False if cancelled.
+
+        ``lookahead``, when it adapts, learns the size of each batch.
+        """
         pending = []
         for label, value, error in items:
             try:
