@@ -81,7 +81,16 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
         key_(key),
         info_(info),
         output_types_(std::move(output_types)),
-        output_shapes_(std::move(output_shapes)) {}
+        output_shapes_(std::move(output_shapes)) {
+    // tfray shards at the source (each worker reads only its share), so
+    // tf.data's auto-shard must not add DATA sharding on top: that would
+    // make each worker produce every batch and drop (n-1)/n of them. Options
+    // set downstream by the user still take precedence.
+    tensorflow::data::Options options;
+    options.mutable_distribute_options()->set_auto_shard_policy(
+        tensorflow::data::AutoShardPolicy::OFF);
+    set_options(options);
+  }
 
   std::unique_ptr<IteratorBase> MakeIteratorInternal(
       const std::string& prefix) const override {
