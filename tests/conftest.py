@@ -16,6 +16,9 @@ OBJECT_STORE_BYTES = 150 * 1024 * 1024
 
 def start_ray():
     ray.init(
+        # Always a new instance: never join another process's Ray that
+        # /tmp/ray/ray_current_cluster points at (e.g. a concurrent test run).
+        address="local",
         num_cpus=2,
         object_store_memory=OBJECT_STORE_BYTES,
         include_dashboard=False,
