@@ -6,7 +6,7 @@ import ray
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 
-from tfray._internal import native, registry, sources, stats
+from tfray._internal import distribute, native, registry, sources, stats
 
 _MAX_INFLIGHT_PER_PRODUCER = 2
 _RAY_DATA_CAPACITY = 4
@@ -42,6 +42,20 @@ class Dataset(dataset_ops.DatasetSource):
         element_spec: a nest of ``tf.TensorSpec`` matching each batch, or None
             to infer it from the first batch, with the leading (batch)
             dimension unknown so a short last batch is fine.
+        sharding: how workers of a ``tf.distribute`` cluster split the
+            source. ``"auto"`` (the default): with ``input_context``, read
+            its share ``(num_input_pipelines, input_pipeline_id)``; else, in
+            a worker of a multi-worker ``TF_CONFIG`` cluster, read that
+            worker's share as ``MultiWorkerMirroredStrategy`` numbers it;
+            else read everything. The share is read at the source, like
+            :meth:`shard` (nothing is produced to be discarded), and its
+            cardinality is unknown so that all workers end each epoch
+            together. Ray Data and one-shot iterators are read as given
+            (taken to be this worker's part already). ``"off"``: every
+            worker reads everything. ``"dynamic"``: not available yet.
+        input_context: the ``tf.distribute.InputContext`` that
+            ``strategy.distribute_datasets_from_function`` passes to its
+            function, or None.
         **options: the keyword options of the constructor dispatched to.
 
     Examples:
@@ -50,10 +64,17 @@ class Dataset(dataset_ops.DatasetSource):
         >>> model.fit(ds.prefetch(tf.data.AUTOTUNE), epochs=3)
     """
 
-    def __init__(self, source, *, element_spec=None, **options):
+    def __init__(self, source, *, element_spec=None, sharding="auto", input_context=None, **options):
         self._name = None  # tf.data's op-name metadata; unnamed.
         sources.ensure_ray()
-        self._source = _make_source(source, element_spec, options)
+        # shard() shards the whole source: an explicit share replaces the
+        # automatic one rather than splitting it again.
+        self._whole = _make_source(source, element_spec, options)
+        self._source, self._share = self._whole, None  # shard() sets _share.
+        if not isinstance(source, sources.Source):  # shard() made it: as is.
+            self._source, self._share = distribute.share_of(
+                self._whole, sharding=sharding, input_context=input_context
+            )
         self._structure = self._source.element_spec
         key = registry.register(self._source)
         self._unregister = weakref.finalize(self, registry.unregister, key)
@@ -63,7 +84,16 @@ class Dataset(dataset_ops.DatasetSource):
         super().__init__(variant)
 
     @classmethod
-    def from_refs(cls, refs, *, element_spec=None, max_inflight=None, max_inflight_bytes=None):
+    def from_refs(
+        cls,
+        refs,
+        *,
+        element_spec=None,
+        max_inflight=None,
+        max_inflight_bytes=None,
+        sharding="auto",
+        input_context=None,
+    ):
         """A dataset over batches that Ray tasks, actors or ``ray.put`` made.
 
         Args:
@@ -80,6 +110,8 @@ class Dataset(dataset_ops.DatasetSource):
                 bytes the batches resolved ahead may pin (they are counted
                 twice: in resolution and queued). None: a quarter of the
                 node's object store.
+            sharding: see :class:`Dataset`.
+            input_context: see :class:`Dataset`.
 
         Returns:
             A ``tfray.Dataset``.
@@ -89,6 +121,8 @@ class Dataset(dataset_ops.DatasetSource):
             element_spec=element_spec,
             max_inflight=max_inflight,
             max_inflight_bytes=max_inflight_bytes,
+            sharding=sharding,
+            input_context=input_context,
         )
 
     @classmethod
@@ -101,6 +135,8 @@ class Dataset(dataset_ops.DatasetSource):
         max_inflight_per_producer=_MAX_INFLIGHT_PER_PRODUCER,
         deterministic=None,
         ray_remote_args=None,
+        sharding="auto",
+        input_context=None,
     ):
         """A dataset over batches that generator functions yield, in parallel.
 
@@ -125,6 +161,9 @@ class Dataset(dataset_ops.DatasetSource):
                 ``tf.data.Options().deterministic`` (default True).
             ray_remote_args: options for the producer tasks, e.g.
                 ``{"num_cpus": 1, "max_retries": 3}``.
+            sharding: see :class:`Dataset`; a worker's share is its shards
+                ``index::num_shards``.
+            input_context: see :class:`Dataset`.
 
         Returns:
             A ``tfray.Dataset`` of unknown cardinality.
@@ -142,6 +181,8 @@ class Dataset(dataset_ops.DatasetSource):
             max_inflight_per_producer=max_inflight_per_producer,
             deterministic=deterministic,
             ray_remote_args=ray_remote_args,
+            sharding=sharding,
+            input_context=input_context,
         )
 
     @classmethod
@@ -228,7 +269,21 @@ class Dataset(dataset_ops.DatasetSource):
         index = _as_int(index)
         if not 0 <= index < num_shards:
             raise ValueError(f"index: expected 0 <= index < {num_shards}, got {index}")
-        return Dataset(self._source.shard(num_shards, index))
+        part = Dataset(self._whole.shard(num_shards, index))
+        part._share = (num_shards, index)
+        return part
+
+    def with_options(self, options, name=None):
+        """``tf.data.Dataset.with_options``, explaining auto-shard policies.
+
+        tfray shards at the source, so tf.data's auto-shard has nothing to
+        add: FILE cannot apply (there are no files; TF would fail when
+        distributing) and is replaced by OFF, with a warning, when this
+        dataset reads a worker's share, or refused with what to do when it
+        does not; DATA on top of a share is applied, with a warning that it
+        drops (n-1)/n of the share.
+        """
+        return super().with_options(distribute.explain_policy(options, self._share), name=name)
 
     def stats(self):
         """Statistics of this dataset's recent iterators, oldest first.
