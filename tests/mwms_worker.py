@@ -60,6 +60,18 @@ def main():
         ray.get(ledger.consumed.remote(worker, epoch, sorted(consumed)))
 
     def make_dataset(input_context=None):
+        if CONFIG["source"] == "refs":
+            # The whole list on every worker; each resolves only its share.
+            rows = CONFIG["rows"]
+            refs = [
+                ray.put({
+                    "x": np.full((rows, 4), i, np.float32),
+                    "y": np.full((rows, 1), i % 2, np.float32),
+                    "id": np.full(rows, i, np.int64),
+                })
+                for i in range(CONFIG["shards"] * CONFIG["batches_per_shard"])
+            ]
+            return tfray.Dataset.from_refs(refs, input_context=input_context)
         return tfray.Dataset.from_generators(
             produce,
             CONFIG["shards"],

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
 WORKER = os.path.join(os.path.dirname(__file__), "mwms_worker.py")
 NAMESPACE = "tfray-multi-worker-test"
 NUM_WORKERS = 2
-SHARDS = 5  # Uneven over 2 workers: shards 0, 2, 4 and 1, 3.
+SHARDS = 5  # Uneven over 2 workers (shards 0, 2, 4 and 1, 3): epochs must still end together.
 BATCHES_PER_SHARD = 2
 ROWS = 4
 EPOCHS = 2
@@ -64,7 +64,7 @@ def _free_ports(n):
     return ports
 
 
-def _run_workers(loop, tmp_path):
+def _run_workers(loop, tmp_path, source, shards, batches_per_shard):
     """Runs the workers to the end; returns the ledger's (made, used)."""
     ledger_name = f"ledger-{loop}"
     ledger = Ledger.options(name=ledger_name, namespace=NAMESPACE).remote()
@@ -74,8 +74,9 @@ def _run_workers(loop, tmp_path):
         namespace=NAMESPACE,
         ledger=ledger_name,
         loop=loop,
-        shards=SHARDS,
-        batches_per_shard=BATCHES_PER_SHARD,
+        source=source,
+        shards=shards,
+        batches_per_shard=batches_per_shard,
         rows=ROWS,
         epochs=EPOCHS,
     )
@@ -120,9 +121,13 @@ def _tail(log, chars=6000):
     return log.read()[-chars:]
 
 
-def _check_epochs(made, used):
-    """Asserts coverage and no waste; returns per-worker figures per epoch."""
-    everything = collections.Counter({i: ROWS for i in range(SHARDS * BATCHES_PER_SHARD)})
+def _check_epochs(made, used, num_batches, producers):
+    """Asserts coverage (and, with producers, no waste).
+
+    Returns:
+        ``(epoch, worker, batches produced, batches consumed)`` tuples.
+    """
+    everything = collections.Counter({i: ROWS for i in range(num_batches)})
     assert None not in made, f"batches made outside any epoch: {made[None]}"
     figures = []
     for epoch in range(EPOCHS):
@@ -132,27 +137,37 @@ def _check_epochs(made, used):
         assert sum(rows, collections.Counter()) == everything, f"epoch {epoch}: rows trained on {rows}"
         for w in range(NUM_WORKERS):
             produced = sorted(made.get((w, epoch), []))
-            # Exactly this worker's batches, each made once: none to discard.
-            assert produced == sorted(ids[w]), f"epoch {epoch}, worker {w}: made {produced}, trained on {ids[w]}"
+            if producers:
+                # Exactly this worker's batches, each made once: none to discard.
+                assert produced == sorted(ids[w]), f"epoch {epoch}, worker {w}: made {produced}, trained on {ids[w]}"
             figures.append((epoch, w, len(produced), len(ids[w])))
     return figures
 
 
-def _print_figures(loop, figures):
+# (loop, source): the first two run by default; together they cover fit and
+# a custom loop, TF_CONFIG and input_context, generators and refs.
+CASES = [
+    ("fit", "generators"),
+    ("loop", "refs"),
+    pytest.param("fit", "refs", marks=pytest.mark.slow),
+    pytest.param("loop", "generators", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("loop, source", CASES)
+def test_workers_read_disjoint_complete_shares(loop, source, tmp_path):
+    """Under MWMS, workers read disjoint shares that cover each epoch, and end it together.
+
+    Generator producers make only their worker's batches. ``fit``: tf_keras ``model.fit(ds)``, sharded by TF_CONFIG (the dataset
+    goes through ``experimental_distribute_dataset``). ``loop``:
+    ``strategy.run`` over ``distribute_datasets_from_function``, sharded by
+    its ``InputContext``.
+    """
+    per_shard = BATCHES_PER_SHARD if source == "generators" else 1  # A ref is a shard.
+    made, used = _run_workers(loop, tmp_path, source, SHARDS, per_shard)
+    figures = _check_epochs(made, used, SHARDS * per_shard, producers=source == "generators")
+    # Worker i reads shards i::2 (3 and 2 of them): uneven shares, each whole.
+    shares = [len(range(SHARDS)[w::NUM_WORKERS]) * per_shard for w in range(NUM_WORKERS)]
+    assert [c for _, _, _, c in figures] == shares * EPOCHS
     for epoch, worker, produced, consumed in figures:
-        print(f"{loop}: epoch {epoch} worker {worker}: produced {produced} batches, consumed {consumed}")
-
-
-def test_keras_fit_shards_at_the_source(tmp_path):
-    """tf_keras fit under MWMS: disjoint, complete epochs; no batch made to be dropped."""
-    made, used = _run_workers("fit", tmp_path)
-    figures = _check_epochs(made, used)
-    _print_figures("fit", figures)
-    assert sorted(p for _, _, p, _ in figures) == [4, 4, 6, 6]  # Uneven shares, both finished.
-
-
-@pytest.mark.slow
-def test_custom_loop_with_input_context(tmp_path):
-    """strategy.run over distribute_datasets_from_function, sharded by input_context."""
-    made, used = _run_workers("loop", tmp_path)
-    _print_figures("loop", _check_epochs(made, used))
+        print(f"{loop}/{source}: epoch {epoch} worker {worker}: produced {produced} batches, consumed {consumed}")
