@@ -1,41 +1,30 @@
 """One worker of a MultiWorkerMirroredStrategy run fed by tfray (test_multi_worker.py).
 
 Run by the test with TF_CONFIG set, as ``python mwms_worker.py CONFIG_JSON``.
-It joins the test's Ray, trains for a few epochs on batches from
-``from_generators`` (sharded at the source by tfray's ``sharding="auto"``)
-and reports to the test's ledger actor which batch ids its producers made
-and which its model consumed, per epoch. Each batch's rows all carry the
-batch's id, so a batch TF splits among replicas still counts whole.
+It joins the test's Ray and trains for a few epochs, ``model.fit`` or a
+custom ``strategy.run`` loop, on batches from examples/multi_worker.py's
+producers or refs, sharded at the source by tfray's ``sharding="auto"``. It
+reports the batch ids its model trained on, per epoch, to the example's
+ledger actor (where its producers record what they made).
 """
 
+import functools
 import json
 import os
 import sys
 
-import numpy as np
 import ray
+from ray import cloudpickle
 
-# One test's configuration; see test_multi_worker.py.
-CONFIG = json.loads(sys.argv[1]) if __name__ == "__main__" else {}
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "examples"))
+import multi_worker  # noqa: E402
 
-
-def produce(shard):
-    """Shard ``shard``'s batches; each recorded in the ledger as it is made."""
-    ledger = ray.get_actor(CONFIG["ledger"], namespace=CONFIG["namespace"])
-    job = ray.get_runtime_context().get_job_id()  # The trainer that started it.
-    rows = CONFIG["rows"]
-    for j in range(CONFIG["batches_per_shard"]):
-        batch_id = shard * CONFIG["batches_per_shard"] + j
-        ray.get(ledger.produced.remote(job, batch_id))
-        yield {
-            "x": np.full((rows, 4), batch_id, np.float32),
-            "y": np.full((rows, 1), batch_id % 2, np.float32),
-            "id": np.full(rows, batch_id, np.int64),
-        }
+# By value: Ray's workers cannot import the examples directory.
+cloudpickle.register_pickle_by_value(multi_worker)
 
 
-def main():
-    ray.init(address=CONFIG["address"], namespace=CONFIG["namespace"], log_to_driver=False)
+def main(config):
+    ray.init(address=config["address"], namespace=multi_worker.NAMESPACE, log_to_driver=False)
     import tensorflow as tf
 
     # The strategy must exist before the first TF op of the program.
@@ -44,45 +33,36 @@ def main():
 
     import tfray
 
-    ledger = ray.get_actor(CONFIG["ledger"], namespace=CONFIG["namespace"])
+    book = multi_worker.ledger()
     job = ray.get_runtime_context().get_job_id()
     worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-    consumed = []  # Batch ids of the rows the model trained on this epoch.
+    rows = config["rows"]
+    consumed = []  # The batch id of each row the model trained on this epoch.
 
     def record(ids):
-        consumed.extend(int(i) for i in ids.numpy())
+        consumed.extend(ids.numpy().tolist())
 
     def epoch_begins(epoch):
         consumed.clear()
-        ray.get(ledger.epoch_begins.remote(job, worker, epoch))
+        ray.get(book.epoch_begins.remote(job, worker, epoch))
 
     def epoch_ends(epoch):
-        ray.get(ledger.consumed.remote(worker, epoch, sorted(consumed)))
+        ray.get(book.consumed.remote(worker, epoch, sorted(consumed)))
 
     def make_dataset(input_context=None):
-        if CONFIG["source"] == "refs":
+        if config["source"] == "refs":
             # The whole list on every worker; each resolves only its share.
-            rows = CONFIG["rows"]
-            refs = [
-                ray.put({
-                    "x": np.full((rows, 4), i, np.float32),
-                    "y": np.full((rows, 1), i % 2, np.float32),
-                    "id": np.full(rows, i, np.int64),
-                })
-                for i in range(CONFIG["shards"] * CONFIG["batches_per_shard"])
-            ]
+            refs = [ray.put(multi_worker.batch(i, rows)) for i in range(config["shards"])]
             return tfray.Dataset.from_refs(refs, input_context=input_context)
         return tfray.Dataset.from_generators(
-            produce,
-            CONFIG["shards"],
+            functools.partial(multi_worker.produce, batches_per_shard=config["batches_per_shard"], rows=rows),
+            config["shards"],
             element_spec={
                 "x": tf.TensorSpec([None, 4], tf.float32),
                 "y": tf.TensorSpec([None, 1], tf.float32),
                 "id": tf.TensorSpec([None], tf.int64),
             },
-            # Producers hold no CPU: two trainers share a 2-CPU Ray, and a
-            # trainer whose producers cannot run stalls the other's collectives.
-            ray_remote_args={"num_cpus": 0},
+            ray_remote_args={"num_cpus": multi_worker.PRODUCER_CPUS},
             input_context=input_context,
         )
 
@@ -91,7 +71,7 @@ def main():
         dense.build((None, 4))  # Variables are made here, not in a replica.
         optimizer = tf_keras.optimizers.SGD(0.01)
 
-    if CONFIG["loop"] == "fit":
+    if config["loop"] == "fit":
 
         class IdRecordingModel(tf_keras.Model):
             def call(self, x):
@@ -111,32 +91,31 @@ def main():
         with strategy.scope():
             model = IdRecordingModel()
             model.compile(optimizer=optimizer, loss="mse")
-        model.fit(make_dataset(), epochs=CONFIG["epochs"], callbacks=[EpochLedger()], verbose=0)
-    else:
-        dist = strategy.distribute_datasets_from_function(make_dataset)
+        model.fit(make_dataset(), epochs=config["epochs"], callbacks=[EpochLedger()], verbose=0)
+        return
 
-        def step(batch):
-            tf.py_function(record, [batch["id"]], [])
-            with tf.GradientTape() as tape:
-                # Averaged over the global batch, so that a worker whose data
-                # ran out (an empty batch) adds zeros, not NaNs.
-                per_row = tf.reduce_sum((dense(batch["x"]) - batch["y"]) ** 2, axis=1)
-                loss = tf.nn.compute_average_loss(
-                    per_row, global_batch_size=CONFIG["rows"] * strategy.num_replicas_in_sync
-                )
-            grads = tape.gradient(loss, dense.trainable_variables)
-            optimizer.apply_gradients(zip(grads, dense.trainable_variables))  # All-reduce.
+    dist = strategy.distribute_datasets_from_function(make_dataset)
 
-        @tf.function
-        def train(batch):
-            strategy.run(step, args=(batch,))
+    def step(batch):
+        tf.py_function(record, [batch["id"]], [])
+        with tf.GradientTape() as tape:
+            # Averaged over the global batch, so that a worker whose data ran
+            # out (an empty batch) adds zeros, not NaNs.
+            per_row = tf.reduce_sum((dense(batch["x"]) - batch["y"]) ** 2, axis=1)
+            loss = tf.nn.compute_average_loss(per_row, global_batch_size=rows * strategy.num_replicas_in_sync)
+        grads = tape.gradient(loss, dense.trainable_variables)
+        optimizer.apply_gradients(zip(grads, dense.trainable_variables))  # All-reduce.
 
-        for epoch in range(CONFIG["epochs"]):
-            epoch_begins(epoch)
-            for batch in dist:
-                train(batch)
-            epoch_ends(epoch)
+    @tf.function
+    def train(batch):
+        strategy.run(step, args=(batch,))
+
+    for epoch in range(config["epochs"]):
+        epoch_begins(epoch)
+        for batch in dist:
+            train(batch)
+        epoch_ends(epoch)
 
 
 if __name__ == "__main__":
-    main()
+    main(json.loads(sys.argv[1]))
