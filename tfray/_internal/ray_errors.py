@@ -41,6 +41,16 @@ def translate(error, where):
             f"tfray: {where}: its Ray object is lost or was freed "
             f"({type(error).__name__}): {_ANSI.sub('', str(error)).strip()}",
         )
+    if isinstance(error, ray.exceptions.RaySystemError) and isinstance(
+        error.client_exc, Exception
+    ):  # Ray wraps what unpickling the object raised: this batch is bad, not Ray.
+        cause = error.client_exc
+        return BatchError(
+            Code.INVALID_ARGUMENT,
+            f"tfray: {where}: its Ray object cannot be deserialized in this process "
+            f"({type(cause).__name__}: {cause}). A batch is a numpy array or a dict / "
+            "tuple / list nest of them; anything else it holds must be importable here.",
+        )
     if isinstance(error, ray.exceptions.RaySystemError):
         return EpochError(
             Code.UNAVAILABLE,

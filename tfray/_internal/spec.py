@@ -45,7 +45,7 @@ ELEMENT = "element"  # The path of a batch that is a single array.
 def flatten(nest, path=""):
     """Yields (path, leaf) in tf.nest order; paths look like ``features/image``."""
     if isinstance(nest, dict):
-        for key in sorted(nest):
+        for key in _sorted_keys(nest, path):
             yield from flatten(nest[key], _join(path, key))
     elif isinstance(nest, (tuple, list)):
         for i, value in enumerate(nest):
@@ -58,8 +58,21 @@ def _join(path, key):
     return f"{path}/{key}" if path else str(key)
 
 
+def _sorted_keys(nest, path):
+    try:
+        return sorted(nest)
+    except TypeError:  # e.g. str and int keys: tf.nest cannot order them either.
+        raise BatchError(
+            Code.INVALID_ARGUMENT,
+            f"{path or ELEMENT}: dict keys {sorted(map(repr, nest))} cannot be "
+            "sorted; tf.nest orders a dict by its keys, so use keys of one type "
+            "(e.g. all str).",
+        ) from None
+
+
 def _map_structure(fn, nest, path=""):
     if isinstance(nest, dict):
+        _sorted_keys(nest, path)  # Refuses keys that tf.nest cannot order.
         return {k: _map_structure(fn, nest[k], _join(path, k)) for k in nest}
     if isinstance(nest, (tuple, list)):
         values = [_map_structure(fn, v, _join(path, i)) for i, v in enumerate(nest)]
@@ -115,7 +128,15 @@ class FlatSpec:
     """An element spec flattened for fast per-batch checks."""
 
     def __init__(self, element_spec):
-        leaves = list(flatten(element_spec))
+        try:
+            leaves = list(flatten(element_spec))
+        except BatchError as e:
+            raise TypeError(f"element_spec {e.message}") from None
+        if not leaves:
+            raise ValueError(
+                f"element_spec: expected at least one tf.TensorSpec, got {element_spec!r}. "
+                "A batch must hold at least one array."
+            )
         for path, leaf in leaves:
             if not isinstance(leaf, tf.TensorSpec):
                 raise TypeError(
@@ -142,7 +163,7 @@ class FlatSpec:
         if paths != self.paths:
             raise BatchError(
                 Code.INVALID_ARGUMENT,
-                f"structure: expected fields {self.paths}, got {paths}",
+                f"structure: expected fields {_abbreviate(self.paths)}, got {_abbreviate(paths)}",
             )
         arrays = []
         for (path, leaf), np_dtype, shape, spec in zip(
@@ -157,6 +178,13 @@ class FlatSpec:
                 )
             arrays.append(array)
         return arrays
+
+
+def _abbreviate(paths, limit=10):
+    """``paths`` for a message: a batch that is a long list has a path per item."""
+    if len(paths) <= limit:
+        return str(paths)
+    return f"{str(paths[:limit])[:-1]}, ... ({len(paths)} fields)]"
 
 
 def _compatible(expected, actual):
