@@ -116,7 +116,9 @@ def check_epochs(made, used, *, num_workers, num_batches, epochs, rows, producer
                 problems.append(f"epoch {epoch}: worker {w} trained on batches another did: {sorted(twice)}")
             seen += c
         if seen != everything:
-            problems.append(f"epoch {epoch}: rows trained on per batch id {dict(seen)}, expected {rows} of each")
+            problems.append(
+                f"epoch {epoch}: rows trained on per batch id {dict(seen)}, expected {rows} of each"
+            )
         for w, c in enumerate(counts):
             produced = sorted(made.get((w, epoch), []))
             if producers and produced != sorted(c):
@@ -133,7 +135,9 @@ def loopback_tf_configs(num_workers):
     cluster = {"worker": [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]}
     for s in sockets:
         s.close()
-    return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}) for i in range(num_workers)]
+    return [
+        json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}) for i in range(num_workers)
+    ]
 
 
 def run_workers(argv, num_workers, *, timeout, log_dir):
@@ -265,7 +269,13 @@ def main():
 
     ray.init(num_cpus=2, object_store_memory=150 * 1024 * 1024, include_dashboard=False)
     try:
-        argv = [sys.executable, os.path.abspath(__file__), "--worker", "--address", ray.get_runtime_context().gcs_address]
+        argv = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            "--address",
+            ray.get_runtime_context().gcs_address,
+        ]
         with tempfile.TemporaryDirectory() as log_dir:
             results = run_workers(argv, 2, timeout=args.timeout, log_dir=log_dir)
     finally:
@@ -273,7 +283,11 @@ def main():
     for index, (code, output) in enumerate(results):
         if index == 0 or code != 0:
             print(f"--- worker {index} (exit code {code}) ---")
-            print("\n".join(line for line in output.splitlines() if not line.startswith(("I0000", "W0000", "E0000"))))
+            print(
+                "\n".join(
+                    line for line in output.splitlines() if not line.startswith(("I0000", "W0000", "E0000"))
+                )
+            )
     if any(code != 0 for code, _ in results):
         sys.exit("multi_worker: FAILED")
     print("multi_worker: OK")

@@ -55,7 +55,10 @@ def test_workers_read_disjoint_complete_shares(loop, source, tmp_path):
     book = multi_worker.ledger()
     try:
         results = multi_worker.run_workers(
-            [sys.executable, WORKER, json.dumps(config)], NUM_WORKERS, timeout=WORKER_TIMEOUT, log_dir=tmp_path
+            [sys.executable, WORKER, json.dumps(config)],
+            NUM_WORKERS,
+            timeout=WORKER_TIMEOUT,
+            log_dir=tmp_path,
         )
         for index, (code, output) in enumerate(results):
             assert code == 0, f"worker {index} exited with {code} (None: timed out):\n{output[-6000:]}"
@@ -77,4 +80,6 @@ def test_workers_read_disjoint_complete_shares(loop, source, tmp_path):
     shares = [len(range(SHARDS)[w::NUM_WORKERS]) * per_shard for w in range(NUM_WORKERS)]
     assert [consumed for _, _, _, consumed in figures] == shares * EPOCHS
     for epoch, worker, produced, consumed in figures:
-        print(f"{loop}/{source}: epoch {epoch} worker {worker}: produced {produced} batches, consumed {consumed}")
+        print(
+            f"{loop}/{source}: epoch {epoch} worker {worker}: produced {produced} batches, consumed {consumed}"
+        )

@@ -278,10 +278,10 @@ class Dataset(dataset_ops.DatasetSource):
 
         tfray shards at the source, so tf.data's auto-shard has nothing to
         add: FILE cannot apply (there are no files; TF would fail when
-        distributing) and is replaced by OFF, with a warning, when this
-        dataset reads a worker's share, or refused with what to do when it
-        does not; DATA on top of a share is applied, with a warning that it
-        drops (n-1)/n of the share.
+        distributing) and is replaced by OFF, with a warning that says how
+        this dataset is split; DATA on top of a worker's share is applied,
+        with a warning that it drops (n-1)/n of the share. Policies set
+        further down the pipeline are out of tfray's sight.
         """
         return super().with_options(distribute.explain_policy(options, self._share), name=name)
 

@@ -20,10 +20,11 @@ import logging
 import tensorflow as tf
 from tensorflow.python.distribute import multi_worker_util
 
+from tfray._internal import sources
+
 logger = logging.getLogger("tfray")
 
 SHARDING_MODES = ("auto", "off", "dynamic")
-_UNKNOWN_CARDINALITY = -2
 # TF_CONFIG task types that read input; MWMS numbers chief and workers
 # together, and an evaluator forms a cluster of its own.
 _INPUT_TASK_TYPES = ("chief", "worker", "evaluator")
@@ -66,7 +67,7 @@ def share_of(source, *, sharding, input_context):
     # An epoch the whole source started to learn its element spec holds
     # other workers' batches: stop it.
     source.close()
-    part.cardinality = _UNKNOWN_CARDINALITY
+    part.cardinality = sources.UNKNOWN_CARDINALITY
     logger.info("tfray: worker %d of %d reads its share at the source", index, num_shards)
     return part, share
 
@@ -148,28 +149,26 @@ def explain_policy(options, share):
         share: ``(num_shards, index)`` this dataset reads, or None.
 
     Returns:
-        The options to apply: ``options``, or a copy with FILE replaced by OFF
-        when tfray already reads this worker's share.
-
-    Raises:
-        ValueError: FILE on a dataset that does not shard at the source.
+        The options to apply: ``options``, or a copy with FILE replaced by
+        OFF (and a warning that says what tfray does instead).
     """
     policy = options.experimental_distribute.auto_shard_policy
     policies = tf.data.experimental.AutoShardPolicy
     if policy == policies.FILE:
-        if share is None:
-            raise ValueError(
-                "auto_shard_policy=FILE cannot shard a tfray dataset (it reads no "
-                "files: TF would fail with NotFoundError when distributing it). "
-                "Shard at the source instead: sharding='auto' (the default) in a "
-                "TF_CONFIG cluster or with input_context, or ds.shard(n, i)."
+        if share is not None:
+            instead = f"tfray already reads only worker {share[1]}'s share of {share[0]} at the source"
+        else:
+            instead = (
+                "this dataset is read whole here (sharding='off', a source tfray cannot "
+                "split, or no multi-worker cluster); to split it among workers use "
+                "sharding='auto' or ds.shard(n, i), or AutoShardPolicy.DATA to have TF "
+                "drop other workers' batches"
             )
         logger.warning(
-            "tfray: auto_shard_policy=FILE cannot shard a tfray dataset (it reads "
-            "no files); tfray already reads only worker %d's share of %d at the "
-            "source, so the policy is set to OFF instead.",
-            share[1],
-            share[0],
+            "tfray: auto_shard_policy=FILE cannot shard a tfray dataset (it reads no "
+            "files: TF would fail with NotFoundError when distributing it), so it is "
+            "set to OFF; %s.",
+            instead,
         )
         replaced = copy.deepcopy(options)  # merge() would share sub-options.
         replaced.experimental_distribute.auto_shard_policy = policies.OFF
