@@ -251,7 +251,9 @@ class Dataset(dataset_ops.DatasetSource):
         Unlike ``tf.data.Dataset.shard``, which reads every element and
         discards the others, this reads only its share: ``from_refs`` resolves
         only the refs ``index::num_shards``, ``from_generators`` runs only the
-        shards ``index::num_shards``.
+        shards ``index::num_shards``. On a dataset that took a worker's
+        share by itself (``sharding="auto"``), this splits the whole source:
+        the explicit share replaces the automatic one.
 
         Args:
             num_shards: the number of shards, an int >= 1.
