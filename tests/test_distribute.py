@@ -109,7 +109,7 @@ def test_unshardable_sources_are_read_as_given(monkeypatch, caplog):
 
 
 def test_bad_options_say_what_to_do(refs):
-    """Unknown modes, a wrong input_context, input_context with 'off', and 'dynamic'."""
+    """Unknown modes, a wrong input_context, and input_context with 'off'."""
     with pytest.raises(ValueError, match="sharding: expected one of 'auto', 'off', 'dynamic'"):
         tfray.Dataset(refs, sharding="files")
     with pytest.raises(TypeError, match="InputContext"):
@@ -117,8 +117,6 @@ def test_bad_options_say_what_to_do(refs):
     context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0)
     with pytest.raises(ValueError, match="pass sharding='auto' with it"):
         tfray.Dataset(refs, sharding="off", input_context=context)
-    with pytest.raises(ValueError, match="sharding='dynamic' is not available yet"):
-        tfray.Dataset(refs, sharding="dynamic")
 
 
 def _policy(policy):
