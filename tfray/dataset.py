@@ -1,5 +1,7 @@
 """``tfray.Dataset``: a tf.data source over batches in Ray's object store."""
 
+import inspect
+import numbers
 import weakref
 
 import ray
@@ -116,6 +118,7 @@ class Dataset(dataset_ops.DatasetSource):
         Returns:
             A ``tfray.Dataset``.
         """
+        _require_kind("from_refs", "refs", refs)
         return cls(
             refs,
             element_spec=element_spec,
@@ -174,6 +177,7 @@ class Dataset(dataset_ops.DatasetSource):
             ...         yield {"x": np.full((32, 8), shard, np.float32)}
             >>> ds = tfray.Dataset.from_generators(read_shard, 4)
         """
+        _require_kind("from_generators", "fn", fn)
         return cls(
             fn,
             element_spec=element_spec,
@@ -229,6 +233,7 @@ class Dataset(dataset_ops.DatasetSource):
         Returns:
             A ``tfray.Dataset`` of unknown cardinality.
         """
+        _require_kind("from_ray_data", "ray_ds", ray_ds)
         return cls(
             ray_ds,
             element_spec=element_spec,
@@ -267,8 +272,8 @@ class Dataset(dataset_ops.DatasetSource):
             TypeError: for ``from_ray_data`` (use Ray Data's own splitting,
                 e.g. Ray Train's ``get_dataset_shard``) and one-shot iterators.
         """
-        num_shards = sources.positive_int("num_shards", _as_int(num_shards))
-        index = _as_int(index)
+        num_shards = sources.positive_int("num_shards", _as_int("num_shards", num_shards))
+        index = _as_int("index", index)
         if not 0 <= index < num_shards:
             raise ValueError(f"index: expected 0 <= index < {num_shards}, got {index}")
         part = Dataset(self._whole.shard(num_shards, index))
@@ -296,14 +301,57 @@ class Dataset(dataset_ops.DatasetSource):
         return [stats.of_feeder(f) for f in self._source.feeders()]
 
 
+def _kind(source):
+    """The constructor ``source`` is for."""
+    if _is_ray_data(source):
+        return "from_ray_data"
+    if callable(source) and not isinstance(source, ray.ObjectRef):
+        return "from_generators"
+    return "from_refs"
+
+
+_KINDS = {
+    "from_refs": "a list or iterator of ray.ObjectRef",
+    "from_generators": "a generator function",
+    "from_ray_data": "a ray.data.Dataset or DataIterator",
+}
+
+
+def _require_kind(method, argument, source):
+    if _kind(source) != method:
+        raise TypeError(
+            f"{method}: {argument}: expected {_KINDS[method]}, got {type(source).__name__}"
+        )
+
+
 def _make_source(source, element_spec, options):
     if isinstance(source, sources.Source):  # From shard(): already made.
         return source
-    if _is_ray_data(source):
-        return _ray_data_source(source, element_spec, **options)
-    if callable(source) and not isinstance(source, ray.ObjectRef):
-        return _generator_source(source, element_spec, **options)
-    return _refs_source(source, element_spec, **options)
+    kind = _kind(source)
+    make = {
+        "from_refs": _refs_source,
+        "from_generators": _generator_source,
+        "from_ray_data": _ray_data_source,
+    }[kind]
+    _check_options(kind, make, options)
+    return make(source, element_spec, **options)
+
+
+def _check_options(kind, make, options):
+    """Options the source does not take are named here, not by a private helper."""
+    params = inspect.signature(make).parameters
+    known = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(
+            f"tfray.Dataset: {_KINDS[kind]} takes the options of Dataset.{kind} "
+            f"({', '.join(known)}), not {', '.join(unknown)}"
+        )
+    for name in known:
+        if params[name].default is params[name].empty and name not in options:
+            raise TypeError(
+                f"tfray.Dataset: {name}: required for {_KINDS[kind]} (see Dataset.{kind})"
+            )
 
 
 def _refs_source(refs, element_spec, *, max_inflight=None, max_inflight_bytes=None):
@@ -315,8 +363,13 @@ def _refs_source(refs, element_spec, *, max_inflight=None, max_inflight_bytes=No
     )
 
 
-def _as_int(value):
-    return int(value.numpy()) if isinstance(value, tf.Tensor) else value
+def _as_int(name, value):
+    """``value`` as an int: Python and numpy ints, and int scalar tensors."""
+    if isinstance(value, tf.Tensor):
+        value = value.numpy()
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    return int(value)
 
 
 def _generator_source(
@@ -328,6 +381,11 @@ def _generator_source(
     deterministic=None,
     ray_remote_args=None,
 ):
+    if isinstance(ray_remote_args, dict) and ray_remote_args:  # Refused now, not later.
+        try:
+            ray.remote(**ray_remote_args)(_run_nothing)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"ray_remote_args: {e}") from None
     return sources.GeneratorSource(
         fn,
         shards,
@@ -350,6 +408,22 @@ def _ray_data_source(
     local_shuffle_seed=None,
     prefetch_batches=1,
 ):
+    for name, columns in (("feature_columns", feature_columns), ("label_columns", label_columns)):
+        names = [columns] if isinstance(columns, str) else columns
+        if columns is not None and not (
+            isinstance(names, (list, tuple)) and names and all(isinstance(c, str) for c in names)
+        ):
+            raise TypeError(
+                f"{name}: expected a column name, a non-empty list of them, or None; got {columns!r}"
+            )
+    if not isinstance(drop_last, bool):
+        raise TypeError(f"drop_last: expected a bool, got {type(drop_last).__name__}")
+    if local_shuffle_buffer_size is not None:
+        sources.positive_int("local_shuffle_buffer_size", local_shuffle_buffer_size)
+    if local_shuffle_seed is not None:
+        _as_int("local_shuffle_seed", local_shuffle_seed)
+    if _as_int("prefetch_batches", prefetch_batches) < 0:
+        raise ValueError(f"prefetch_batches: expected >= 0, got {prefetch_batches}")
     return sources.RayDataSource(
         data,
         element_spec=element_spec,
@@ -364,3 +438,7 @@ def _ray_data_source(
             prefetch_batches=prefetch_batches,
         ),
     )
+
+
+def _run_nothing():
+    """What ``ray_remote_args`` are tried on: ray.remote checks them at once."""
