@@ -68,9 +68,14 @@ def wait_until(predicate, timeout=20.0, interval=0.05):
     raise AssertionError(f"condition not met within {timeout} s: {predicate}")
 
 
-def store_bytes_used():
-    """Bytes in this node's object store (what pins and refs keep there)."""
+def store_stats():
+    """This node's object store counters: bytes used, spilled, restored, ..."""
     from ray._private.internal_api import get_memory_info_reply, get_state_from_address
 
     state = get_state_from_address(ray.get_runtime_context().gcs_address)
-    return get_memory_info_reply(state).store_stats.object_store_bytes_used
+    return get_memory_info_reply(state).store_stats
+
+
+def store_bytes_used():
+    """Bytes in this node's object store (what pins and refs keep there)."""
+    return store_stats().object_store_bytes_used

@@ -151,9 +151,9 @@ class Feeder:
                 if not self._push(pending):
                     return False
                 pending = []
-                self._push_error(e)
                 if isinstance(e, EpochError):
-                    raise
+                    raise  # run() pushes it, once: it ends the epoch.
+                self._push_error(e)
         return self._push(pending)
 
     def _entry(self, label, value):
