@@ -28,9 +28,15 @@ ROWS = 4
 EPOCHS = 2
 WORKER_TIMEOUT = 200  # Seconds for both workers; TF and Ray start slowly on 2 shared cores.
 
-# (loop, source): fit and a custom loop, TF_CONFIG and InputContext,
-# generators and refs. About 15 s each.
-CASES = [("fit", "generators"), ("loop", "refs"), ("fit", "refs"), ("loop", "generators")]
+# (loop, source): the first two run by default (10 to 25 s each on 2 shared
+# cores) and between them cover fit and a custom loop, TF_CONFIG and an
+# InputContext, generators and refs; `make test-all` adds the other pairs.
+CASES = [
+    ("fit", "generators"),
+    ("loop", "refs"),
+    pytest.param("fit", "refs", marks=pytest.mark.slow),
+    pytest.param("loop", "generators", marks=pytest.mark.slow),
+]
 
 
 @pytest.mark.parametrize("loop, source", CASES)
