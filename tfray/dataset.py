@@ -54,7 +54,12 @@ class Dataset(dataset_ops.DatasetSource):
             cardinality is unknown so that all workers end each epoch
             together. Ray Data and one-shot iterators are read as given
             (taken to be this worker's part already). ``"off"``: every
-            worker reads everything. ``"dynamic"``: not available yet.
+            worker reads everything. ``"dynamic"`` (or a
+            :class:`tfray.DynamicSharding` with options): workers that build
+            the same dataset take its work units (refs, or generator shards)
+            from one coordinator actor as they go, so a slow worker takes
+            less; each epoch every unit is read once (a worker that dies
+            leaves its unfinished units to the others).
         input_context: the ``tf.distribute.InputContext`` that
             ``strategy.distribute_datasets_from_function`` passes to its
             function, or None.

@@ -21,6 +21,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import multi_worker_util
 
 from tfray._internal import sources
+from tfray._internal.dynamic import DynamicSharding, DynamicSource
 
 logger = logging.getLogger("tfray")
 
@@ -35,7 +36,7 @@ def share_of(source, *, sharding, input_context):
 
     Args:
         source: a ``sources.Source``.
-        sharding: ``"auto"``, ``"off"`` or ``"dynamic"``.
+        sharding: ``"auto"``, ``"off"``, ``"dynamic"`` or a ``DynamicSharding``.
         input_context: a ``tf.distribute.InputContext`` or None.
 
     Returns:
@@ -45,8 +46,8 @@ def share_of(source, *, sharding, input_context):
     check_options(sharding, input_context)
     if sharding == "off":
         return source, None
-    if sharding == "dynamic":
-        return dynamic_share(source, input_context)
+    if sharding == "dynamic" or isinstance(sharding, DynamicSharding):
+        return dynamic_share(source, sharding)
     share = worker_share(input_context)
     if share is None:
         return source, None
@@ -74,9 +75,10 @@ def share_of(source, *, sharding, input_context):
 
 def check_options(sharding, input_context):
     """Raises a clear error for a bad ``sharding`` or ``input_context``."""
-    if sharding not in SHARDING_MODES:
+    if not isinstance(sharding, DynamicSharding) and sharding not in SHARDING_MODES:
         raise ValueError(
-            f"sharding: expected one of {', '.join(map(repr, SHARDING_MODES))}, got {sharding!r}"
+            f"sharding: expected one of {', '.join(map(repr, SHARDING_MODES))} or a "
+            f"tfray.DynamicSharding, got {sharding!r}"
         )
     if input_context is None:
         return
@@ -93,9 +95,14 @@ def check_options(sharding, input_context):
         )
 
 
-def dynamic_share(source, input_context):
-    """``(source, share)`` a worker reads under ``sharding="dynamic"``."""
-    raise ValueError("sharding='dynamic' is not available yet")
+def dynamic_share(source, sharding):
+    """``(source, None)``: a worker's share is decided as it reads (dynamic.py).
+
+    An ``input_context`` does not matter: the coordinator hands each worker
+    its units, whichever input pipeline it is.
+    """
+    options = sharding if isinstance(sharding, DynamicSharding) else DynamicSharding()
+    return DynamicSource(source, options), None
 
 
 def worker_share(input_context=None):

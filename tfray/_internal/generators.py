@@ -38,15 +38,20 @@ class GeneratorShards:
     running shards, a shard that ends replaced in its place by the next one,
     so the order is the same every epoch for deterministic generators on the
     same cluster; else whichever batch is ready first.
+
+    ``shard_numbers`` label each shard's batches (default 0, 1, ...).
     """
 
-    def __init__(self, fn, shards, *, max_inflight_per_producer, ray_remote_args, concurrency):
+    def __init__(
+        self, fn, shards, *, max_inflight_per_producer, ray_remote_args, concurrency, shard_numbers=None
+    ):
         options = dict(ray_remote_args or {})
         options["num_returns"] = "streaming"
         options["_generator_backpressure_num_objects"] = max_inflight_per_producer
         self._runner = _remote_run_shard.options(**options)
         self._fn = fn
         self._shards = list(shards)
+        self._numbers = list(range(len(self._shards)) if shard_numbers is None else shard_numbers)
         self._next_shard = 0  # The next shard to start.
         self._taken = {}  # Shard index -> batches taken from it.
         self._running = []  # (shard index, generator), in rotation order.
@@ -69,7 +74,7 @@ class GeneratorShards:
             except StopIteration:
                 self._replace(position)
                 continue
-            out.append((f"shard {shard} batch {self._taken[shard]}", ref))
+            out.append((f"shard {self._numbers[shard]} batch {self._taken[shard]}", ref))
             self._taken[shard] += 1
             if self.deterministic:
                 self._turn = (position + 1) % len(self._running)

@@ -64,6 +64,14 @@ class Source:
             "get_dataset_shard, or Dataset.split)."
         )
 
+    def work_units(self):
+        """For ``sharding="dynamic"``: ``(key, count, at_once)`` of its work units."""
+        raise TypeError(
+            f"sharding='dynamic' hands out refs or generator shards; {type(self).__name__} "
+            "has neither (for Ray Data: Ray Train's get_dataset_shard, or "
+            "Dataset.streaming_split, already hands out blocks on demand)."
+        )
+
     def take_prestarted(self):
         stream, self._prestarted = self._prestarted, None
         return stream
@@ -114,6 +122,20 @@ class RefsSource(Source):
                 raise ValueError("from_refs: cannot infer element_spec from no refs; pass element_spec.")
             element_spec = spec.infer(ray.get(first))
         super().__init__(element_spec, capacity=self._max_inflight or START)
+
+    def work_units(self):
+        """For ``sharding="dynamic"``: ``(key, count, at_once)``, a unit per ref.
+
+        ``key`` is the same in every process that holds the same refs;
+        ``at_once`` is None: as many units as refs are wanted.
+        """
+        if self._refs is None:
+            raise TypeError("sharding='dynamic' needs a list of refs; a one-shot iterator cannot be handed out")
+        return "refs:" + ",".join(ref.hex() for ref in self._refs), len(self._refs), None
+
+    def unit_refs(self, unit):
+        """The ref stream of work unit ``unit``: its one ref."""
+        return RefList([self._refs[unit]], start=unit)
 
     def shard(self, num_shards, index):
         if self._refs is None:
@@ -186,6 +208,27 @@ class GeneratorSource(Source):
         if element_spec is None:
             element_spec, prestarted = self._infer_spec()
         super().__init__(element_spec, capacity=self._window, prestarted=prestarted)
+
+    def work_units(self):
+        """For ``sharding="dynamic"``: ``(key, count, at_once)``, a unit per shard.
+
+        ``key`` names the function and the shards, the same in every process;
+        ``at_once`` is how many producers can run together.
+        """
+        name = f"{getattr(self._fn, '__module__', '')}.{getattr(self._fn, '__qualname__', repr(self._fn))}"
+        at_once = concurrency(len(self._shards), self._ray_remote_args)
+        return f"generators:{name}:{self._shards!r}", len(self._shards), at_once
+
+    def unit_refs(self, unit):
+        """The ref stream of work unit ``unit``: shard ``unit``'s producer."""
+        return GeneratorShards(
+            self._fn,
+            [self._shards[unit]],
+            max_inflight_per_producer=self._per_producer,
+            ray_remote_args=self._ray_remote_args,
+            concurrency=1,
+            shard_numbers=[unit],
+        )
 
     def shard(self, num_shards, index):
         return GeneratorSource(

@@ -1,0 +1,239 @@
+"""``sharding="dynamic"``: each worker takes work units from a shared coordinator as it goes.
+
+The work units are a ``from_refs`` dataset's refs (one unit each) or a
+``from_generators`` dataset's shards. Every worker process that builds the
+dataset (same refs, or same generator function and shards; or the same
+``DynamicSharding(name=...)``) reads from one coordinator actor
+(coordinator.py), which hands each unit of an epoch to one worker, on
+demand: a worker that consumes slowly asks less often, so it takes less.
+
+A unit is finished when TensorFlow has taken every batch of it from this
+worker's iterator (not merely resolved or queued them), so a worker that
+dies or drops its iterator leaves its unfinished units, and the batches it
+had queued, to the others.
+"""
+
+import collections
+import dataclasses
+import hashlib
+import typing
+import uuid
+
+import ray
+
+from tfray._internal import coordinator
+from tfray._internal.lookahead import LookAhead
+from tfray._internal.resolver import RefResolver
+from tfray._internal.sources import UNKNOWN_CARDINALITY, Source
+from tfray._internal.status import BatchError, Code
+
+# A coordinator no worker has called for this long ends itself.
+_IDLE_S = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicSharding:
+    """``sharding="dynamic"`` with options: ``sharding=tfray.DynamicSharding(...)``.
+
+    Attributes:
+        name: the dataset's name: worker processes that build datasets of
+            the same name (in one Ray cluster) share its work units. None
+            derives it from the dataset: its refs' ids (``from_refs``), or
+            the generator function's module and name and the shards
+            (``from_generators``). Give a name when each worker makes its own
+            refs (the ids then differ) or to keep two equal datasets apart.
+        lease_timeout_s: a worker whose process has not renewed its lease
+            for this long (it died, or hung) loses its unfinished units to
+            the others. Live workers renew every ``lease_timeout_s / 4``.
+    """
+
+    name: typing.Optional[str] = None
+    lease_timeout_s: float = 10.0
+
+    def __post_init__(self):
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            raise TypeError(f"DynamicSharding.name: expected a non-empty str or None, got {self.name!r}")
+        if isinstance(self.lease_timeout_s, bool) or not isinstance(self.lease_timeout_s, (int, float)):
+            raise TypeError(
+                f"DynamicSharding.lease_timeout_s: expected seconds, got {type(self.lease_timeout_s).__name__}"
+            )
+        if not self.lease_timeout_s > 0:
+            raise ValueError(f"DynamicSharding.lease_timeout_s: expected > 0, got {self.lease_timeout_s}")
+
+
+class DynamicSource(Source):
+    """Reads the units of ``whole`` that the coordinator hands this worker.
+
+    Args:
+        whole: the source every worker builds (refs or generators).
+        options: a DynamicSharding.
+    """
+
+    cardinality = UNKNOWN_CARDINALITY  # The share is decided as it is read.
+
+    def __init__(self, whole, options):
+        key, num_units, self._at_once = whole.work_units()
+        name = options.name or "tfray-dynamic-" + hashlib.sha256(key.encode()).hexdigest()[:24]
+        self._whole = whole
+        self.client = coordinator.Client(
+            name,
+            worker=uuid.uuid4().hex,
+            num_units=num_units,
+            lease_s=float(options.lease_timeout_s),
+            idle_s=_IDLE_S,
+        )
+        self._opened = None  # The epoch open_epoch made last, until record().
+        super().__init__(whole.element_spec, capacity=whole.capacity)
+        # An epoch the whole source started to learn its spec holds units
+        # that other workers may be handed: stop it.
+        whole.close()
+
+    def open_epoch(self, *, deterministic, skip=0):
+        if skip:
+            raise BatchError(
+                Code.FAILED_PRECONDITION,
+                "tfray: an iterator of a sharding='dynamic' dataset cannot be "
+                "restored from a checkpoint: which units each worker read is "
+                "decided as it reads. Checkpoint the model and start a new epoch.",
+            )
+        units = UnitRefs(self.client, self.client.begin(), self._whole.unit_refs, self._at_once)
+        self._opened = DynamicEpoch(units, LookAhead(fixed=self.capacity))
+        return self._opened
+
+    def record(self, feeder):
+        # The registry records an epoch's feeder right after opening it: the
+        # epoch needs its channel to tell what TensorFlow has taken.
+        if self._opened is not None:
+            self._opened.channel, self._opened = feeder.channel, None
+        super().record(feeder)
+
+
+class UnitRefs:
+    """The ref stream of one worker's epoch: refs of the units it is handed.
+
+    Args:
+        client: the worker's coordinator.Client.
+        epoch: the epoch number the coordinator gave this iterator.
+        unit_refs: ``unit_refs(unit)``: the ref stream of one unit.
+        at_once: units read at once (generator shards: the producers that
+            run together), or None for one per ref wanted (refs).
+    """
+
+    def __init__(self, client, epoch, unit_refs, at_once):
+        self._client = client
+        self.epoch = epoch
+        self._unit_refs = unit_refs
+        self._at_once = at_once
+        self._open = collections.OrderedDict()  # unit -> its ref stream, not yet ended.
+        self._unit_of = {}  # label -> unit, for refs handed on and not yet taken by TF.
+        self._left = collections.Counter()  # unit -> its refs not yet taken by TF.
+        self._finished = []  # Units TF took whole; not yet reported.
+        self._over = False
+        self.done = False
+
+    def take(self, n, timeout):
+        """Up to n ``(label, ref)`` pairs; asks for units when it runs short."""
+        out = self._take_open(n, 0)
+        wanted = n - len(out) if self._at_once is None else self._at_once - len(self._open)
+        if not self._over and (wanted > 0 or self._finished):
+            units, self._over = self._client.acquire(
+                self.epoch, max(wanted, 0), self._report(), 0 if out else timeout
+            )
+            for unit in units:
+                self._open[unit] = self._unit_refs(unit)
+                self._left[unit] += 0  # Known, with no refs yet.
+            out += self._take_open(n - len(out), 0 if out else timeout)
+        self.done = self._over and not self._open
+        return out
+
+    def taken_by_tf(self, labels):
+        """Notes that TensorFlow took the batches of ``labels``."""
+        for label in labels:
+            unit = self._unit_of.pop(label)
+            self._left[unit] -= 1
+            self._check_finished(unit)
+
+    def close(self):
+        """Gives back this epoch's units TF did not take whole (an early end)."""
+        for stream in self._open.values():
+            stream.close()
+        self._open.clear()
+        unfinished = list(self._left)
+        if (unfinished or self._finished) and ray.is_initialized():
+            try:
+                self._client.release(self.epoch, self._report(), unfinished)
+            except ray.exceptions.RayError:
+                pass  # The coordinator is gone: nobody waits for these units.
+        self._left.clear()
+        self.done = True
+
+    def _take_open(self, n, timeout):
+        out = []
+        for unit, stream in list(self._open.items()):
+            if len(out) >= n:
+                break
+            # Waits only on the first unit, and only when nothing is ready.
+            for label, ref in stream.take(n - len(out), timeout if not out else 0):
+                self._unit_of[label] = unit
+                self._left[unit] += 1
+                out.append((label, ref))
+            timeout = 0
+            if stream.done:
+                del self._open[unit]
+                self._check_finished(unit)
+        return out
+
+    def _check_finished(self, unit):
+        if unit not in self._open and self._left.get(unit) == 0:
+            del self._left[unit]
+            self._finished.append(unit)
+
+    def _report(self):
+        finished, self._finished = self._finished, []
+        return finished
+
+
+class DynamicEpoch:
+    """One worker's epoch: its units' refs, resolved ahead in bulk.
+
+    A RefResolver over UnitRefs that, before each read, tells the units which
+    batches TensorFlow has taken since (from the channel's count: batches
+    leave the channel in the order they were handed on).
+    """
+
+    def __init__(self, units, lookahead):
+        self._units = units
+        self._resolver = RefResolver(units, lookahead=lookahead)
+        self.channel = None  # Set by DynamicSource.record before the first read.
+        self._handed = collections.deque()  # Labels of batches handed on, in order.
+        self._taken = 0  # Of those, how many TensorFlow took.
+
+    @property
+    def lookahead(self):
+        return self._resolver.lookahead
+
+    @property
+    def in_flight(self):
+        return self._resolver.in_flight
+
+    def next_ready(self, timeout):
+        self._note_taken()
+        items = self._resolver.next_ready(timeout)
+        for label, _, error in items or ():
+            if error is None:
+                self._handed.append(label)
+            else:  # An error takes the batch's place: nothing for TF to train on.
+                self._units.taken_by_tf([label])
+        return items
+
+    def close(self):
+        self._note_taken()
+        self._resolver.close()  # Closes the units too: any not taken go back.
+
+    def _note_taken(self):
+        if self.channel is None:
+            return
+        delivered = self.channel.stats()["batches_delivered"]
+        labels = [self._handed.popleft() for _ in range(delivered - self._taken)]
+        self._taken = delivered
+        self._units.taken_by_tf(labels)
