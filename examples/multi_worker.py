@@ -30,6 +30,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -265,8 +266,6 @@ def main():
     if args.worker:
         train(args.address)
         return
-    import tempfile
-
     ray.init(num_cpus=2, object_store_memory=150 * 1024 * 1024, include_dashboard=False)
     try:
         argv = [
