@@ -1,8 +1,10 @@
 """One worker of a MultiWorkerMirroredStrategy run fed by tfray (test_multi_worker.py).
 
 Run by the test with TF_CONFIG set, as ``python mwms_worker.py CONFIG_JSON``.
-It joins the test's Ray and trains for a few epochs, ``model.fit`` or a
-custom ``strategy.run`` loop, on batches from examples/multi_worker.py's
+It joins the test's Ray and trains for a few epochs, with ``model.fit`` or
+a custom ``strategy.run`` loop over ``distribute_datasets_from_function``
+("loop") or ``experimental_distribute_dataset`` ("loop-ds"), on batches
+from examples/multi_worker.py's
 producers or refs, sharded at the source by tfray's ``sharding="auto"``. It
 reports the batch ids its model trained on, per epoch, to the example's
 ledger actor (where its producers record what they made).
@@ -94,7 +96,12 @@ def main(config):
         model.fit(make_dataset(), epochs=config["epochs"], callbacks=[EpochLedger()], verbose=0)
         return
 
-    dist = strategy.distribute_datasets_from_function(make_dataset)
+    if config["loop"] == "loop":
+        dist = strategy.distribute_datasets_from_function(make_dataset)
+        global_rows = rows * strategy.num_replicas_in_sync  # Each batch is one replica's.
+    else:
+        dist = strategy.experimental_distribute_dataset(make_dataset())
+        global_rows = rows  # TF splits each batch among all replicas.
 
     def step(batch):
         tf.py_function(record, [batch["id"]], [])
@@ -102,7 +109,7 @@ def main(config):
             # Averaged over the global batch, so that a worker whose data ran
             # out (an empty batch) adds zeros, not NaNs.
             per_row = tf.reduce_sum((dense(batch["x"]) - batch["y"]) ** 2, axis=1)
-            loss = tf.nn.compute_average_loss(per_row, global_batch_size=rows * strategy.num_replicas_in_sync)
+            loss = tf.nn.compute_average_loss(per_row, global_batch_size=global_rows)
         grads = tape.gradient(loss, dense.trainable_variables)
         optimizer.apply_gradients(zip(grads, dense.trainable_variables))  # All-reduce.
 

@@ -30,12 +30,13 @@ WORKER_TIMEOUT = 200  # Seconds for both workers; TF and Ray start slowly on 2 s
 
 # (loop, source): the first two run by default (10 to 25 s each on 2 shared
 # cores) and between them cover fit and a custom loop, TF_CONFIG and an
-# InputContext, generators and refs; `make test-all` adds the other pairs.
+# InputContext, generators and refs; `make test-all` adds the others.
 CASES = [
     ("fit", "generators"),
     ("loop", "refs"),
     pytest.param("fit", "refs", marks=pytest.mark.slow),
     pytest.param("loop", "generators", marks=pytest.mark.slow),
+    pytest.param("loop-ds", "generators", marks=pytest.mark.slow),
 ]
 
 
@@ -47,6 +48,7 @@ def test_workers_read_disjoint_complete_shares(loop, source, tmp_path):
     ``model.fit(ds)``, sharded by TF_CONFIG (the dataset goes through
     ``experimental_distribute_dataset``). ``loop``: ``strategy.run`` over
     ``distribute_datasets_from_function``, sharded by its ``InputContext``.
+    ``loop-ds``: ``strategy.run`` over ``experimental_distribute_dataset``.
     """
     per_shard = 2 if source == "generators" else 1  # A ref is a shard of one batch.
     config = dict(
