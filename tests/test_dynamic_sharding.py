@@ -156,3 +156,21 @@ def test_a_dead_consumers_unfinished_units_go_to_the_other():
     assert set(range(UNITS)) - set(read_by_doomed) <= set(got)
     handed = taken("test-kill")[0]
     assert sum(len(units) for units in handed.values()) > UNITS  # Some were handed out again.
+
+
+def test_dynamic_sharding_refuses_what_it_cannot_hand_out():
+    """Ray Data, one-shot iterators, bad options and a name clash get errors saying what to do."""
+    import ray.data
+
+    with pytest.raises(TypeError, match="get_dataset_shard"):
+        tfray.Dataset(ray.data.range(8), batch_size=4, sharding="dynamic")
+    refs = make_refs(4)
+    with pytest.raises(TypeError, match="list of refs"):
+        tfray.Dataset(iter(refs), sharding="dynamic")
+    with pytest.raises(ValueError, match="lease_timeout_s"):
+        tfray.DynamicSharding(lease_timeout_s=0)
+    with pytest.raises(ValueError, match="DynamicSharding"):
+        tfray.Dataset(refs, sharding="dynamc")
+    tfray.Dataset(refs, sharding=tfray.DynamicSharding(name="test-clash"))
+    with pytest.raises(ValueError, match="own name"):
+        tfray.Dataset(make_refs(5), sharding=tfray.DynamicSharding(name="test-clash"))

@@ -71,22 +71,20 @@ class Coordinator:
         self._changed = None  # asyncio.Event, set on a change; made on the actor's loop.
         self._last_call = time.monotonic()
 
-    async def begin(self, worker, num_units):
+    async def join(self, worker):
+        """Registers ``worker``; returns the number of units handed out."""
+        self._touch(worker)
+        return self._num_units
+
+    async def begin(self, worker):
         """Starts an iterator of ``worker``; returns the number of its epoch.
 
         That is the epoch after the last one this worker saw end, so an
-        iterator dropped early (Keras drops one at each epoch's end) leaves
+        iterator dropped early (Keras may drop one unread at an epoch's end) leaves
         its epoch to the worker's next iterator. A worker new to the dataset
         joins the oldest epoch not over, to help the others finish it.
         """
         self._touch(worker)
-        if num_units != self._num_units:
-            raise ValueError(
-                f"sharding='dynamic': this dataset has {num_units} work units, but the "
-                f"coordinator of the same name hands out {self._num_units}: the workers "
-                "built different datasets under one name. Give each dataset its own "
-                "name (tfray.DynamicSharding(name=...))."
-            )
         if worker not in self._next_epoch:
             running = [e for e, state in self._epochs.items() if not state.over]
             self._next_epoch[worker] = min(running, default=max(self._epochs, default=-1) + 1)
@@ -260,12 +258,19 @@ class Client:
         self.worker = worker
         self.lease_s = lease_s
         self._args = dict(num_units=num_units, lease_s=lease_s, idle_s=idle_s)
-        self._num_units = num_units
         self._handle = connect(name, **self._args)
+        theirs = self._call("join", self.worker)
+        if theirs != num_units:
+            raise ValueError(
+                f"sharding='dynamic': this dataset has {num_units} work units, but the "
+                f"coordinator named {name!r} hands out {theirs}: the workers built "
+                "different datasets under one name. Give each dataset its own name "
+                "(tfray.DynamicSharding(name=...)), or build the same dataset everywhere."
+            )
         _heartbeat.add(self)
 
     def begin(self):
-        return self._call("begin", self.worker, self._num_units)
+        return self._call("begin", self.worker)
 
     def acquire(self, epoch, n, finished, wait_s):
         return self._call("acquire", self.worker, epoch, n, list(finished), wait_s)
