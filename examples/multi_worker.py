@@ -44,10 +44,10 @@ SHARDS = 5
 BATCHES_PER_SHARD = 2
 ROWS = 8  # Rows per batch: TF splits each among all replicas (a global batch).
 EPOCHS = 2
-# MWMS workers step in lockstep: if one worker's producers held every CPU
-# (paused by backpressure, they keep it) the other's could not start, and
-# both would wait forever. Producers that hold no CPU cannot starve; on a
-# real cluster, size ``num_cpus`` so that every worker's producers fit.
+# The workers step in lockstep: a worker whose producers wait for a CPU
+# stalls the other in its collectives. Producers that hold no CPU never wait
+# for one (here 2 CPUs, 5 producers); on a cluster, give the producers CPUs
+# enough for every worker's to run at once.
 PRODUCER_CPUS = 0
 
 
