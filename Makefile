@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TF_PACKAGE ?= tensorflow-cpu==2.21.*
 PYTEST_ARGS ?=
 
-.PHONY: venv deps build test test-all test-native demo bench clean
+.PHONY: venv deps build test test-all test-native test-asan demo bench clean
 
 venv: $(PY)
 
@@ -34,6 +34,13 @@ test: build
 
 test-all: build
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The native tests under AddressSanitizer (with LeakSanitizer) and
+# UndefinedBehaviorSanitizer; any report fails the run. They build the
+# channel on its own, without TensorFlow, so no tfray build is needed.
+ASAN_OPTIONS ?= detect_leaks=1:halt_on_error=1:detect_stack_use_after_return=1:strict_init_order=1:check_initialization_order=1
+test-asan: deps
+	ASAN_OPTIONS=$(ASAN_OPTIONS) $(PY) -m pytest tests/test_channel_native.py $(PYTEST_ARGS)
 
 demo: build
 	$(PY) examples/keras_fit.py
