@@ -7,10 +7,12 @@ epoch it hands the dataset's work units (a ref, or a generator shard) to
 whichever worker asks next: a slow worker asks less often, so takes less.
 
 Leases: a worker holds the units it took until it reports them finished. A
-worker that stops calling (its process is gone, or hung) for longer than
-``lease_s`` loses its unfinished units; they go back to the front of the
-epoch's queue for the others. Workers renew by calling, and a heartbeat
-thread in each process renews while a worker waits on TensorFlow.
+worker not heard from for longer than ``lease_s`` (its process is gone, or
+so stalled that its heartbeat thread cannot run) loses its unfinished units;
+they go back to the front of the epoch's queue for the others. Each call
+renews, and a heartbeat thread in each process renews while its workers
+wait on TensorFlow. The first worker to make the coordinator sets
+``lease_s`` for all.
 
 Epochs: each worker counts its own. A worker's epoch ends when all of that
 epoch's units were handed out and finished, so a worker that runs dry waits
@@ -40,12 +42,11 @@ _EPOCHS_KEPT = 8
 
 
 class _Epoch:
-    """One epoch's units: waiting, leased (unit -> worker) and finished."""
+    """One epoch's units: waiting, and leased (unit -> worker); the rest are finished."""
 
     def __init__(self, num_units):
         self.waiting = collections.deque(range(num_units))
         self.leased = {}
-        self.finished = set()
         self.taken = collections.defaultdict(list)  # worker -> units handed to it.
 
     @property
@@ -161,7 +162,6 @@ class Coordinator:
                 state.leased.pop(unit, None)
                 if unit in state.waiting:
                     state.waiting.remove(unit)
-                state.finished.add(unit)
         if units:
             self._notify()
 
@@ -242,7 +242,10 @@ class Heartbeat:
                 clients = list(self._clients)
             period = min((c.lease_s for c in clients), default=4.0) / 4
             for client in clients:
-                client.renew()
+                try:
+                    client.renew()
+                except Exception:  # noqa: BLE001  One stale handle must not stop the others' renewal.
+                    logger.debug("tfray: renewing a lease failed", exc_info=True)
             del clients  # A dropped dataset's client may go while this sleeps.
             time.sleep(period)
 

@@ -22,7 +22,6 @@ import uuid
 import ray
 
 from tfray._internal import coordinator
-from tfray._internal.lookahead import LookAhead
 from tfray._internal.resolver import RefResolver
 from tfray._internal.sources import UNKNOWN_CARDINALITY, Source
 from tfray._internal.status import BatchError, Code
@@ -97,7 +96,9 @@ class DynamicSource(Source):
                 "decided as it reads. Checkpoint the model and start a new epoch.",
             )
         units = UnitRefs(self.client, self.client.begin(), self._whole.unit_refs, self._at_once)
-        self._opened = DynamicEpoch(units, LookAhead(fixed=self.capacity))
+        # Adaptive for refs (unless max_inflight fixes it): a consumer that
+        # waits for input asks for more units at a time, a slow one does not.
+        self._opened = DynamicEpoch(units, self._whole.lookahead())
         return self._opened
 
     def record(self, feeder):
@@ -126,7 +127,9 @@ class UnitRefs:
         self._at_once = at_once
         self._open = collections.OrderedDict()  # unit -> its ref stream, not yet ended.
         self._unit_of = {}  # label -> unit, for refs handed on and not yet taken by TF.
-        self._left = collections.Counter()  # unit -> its refs not yet taken by TF.
+        # unit -> its refs handed on and not yet taken by TF; a key for each
+        # unit leased and not finished.
+        self._left = collections.Counter()
         self._finished = []  # Units TF took whole; not yet reported.
         self._over = False
         self.done = False
@@ -141,7 +144,7 @@ class UnitRefs:
             )
             for unit in units:
                 self._open[unit] = self._unit_refs(unit)
-                self._left[unit] += 0  # Known, with no refs yet.
+                self._left[unit] = 0
             out += self._take_open(n - len(out), 0 if out else timeout)
         self.done = self._over and not self._open
         return out
@@ -198,7 +201,10 @@ class DynamicEpoch:
 
     A RefResolver over UnitRefs that, before each read, tells the units which
     batches TensorFlow has taken since (from the channel's count: batches
-    leave the channel in the order they were handed on).
+    leave the channel in the order they were handed on). A batch the feeder
+    refuses (it does not match the element spec) goes on as an error that
+    the count leaves out, so from then on a unit may count as finished one
+    batch early: a worker dying just then would lose that batch.
     """
 
     def __init__(self, units, lookahead):

@@ -72,6 +72,10 @@ class Source:
             "Dataset.streaming_split, already hands out blocks on demand)."
         )
 
+    def lookahead(self):
+        """The look-ahead of a new epoch: fixed, at the channel's capacity."""
+        return LookAhead(fixed=self.capacity)
+
     def take_prestarted(self):
         stream, self._prestarted = self._prestarted, None
         return stream
@@ -168,6 +172,17 @@ class RefsSource(Source):
 
     def _remember(self, limit):
         self._learned = limit
+
+    def lookahead(self):
+        """Fixed at ``max_inflight``, or adapting from where the last epoch got to."""
+        if self._max_inflight is None and self._budget is None:
+            self._budget = _default_budget()  # Once: it asks the cluster.
+        return LookAhead(
+            fixed=self._max_inflight,
+            budget_bytes=self._budget,
+            start=self._learned,
+            on_change=self._remember,
+        )
 
 
 def _default_budget():
