@@ -5,6 +5,7 @@ unit. Consumers are threads of this process (each with its own
 ``tfray.Dataset``: a worker each) or, where one must die, Ray actors.
 """
 
+import gc
 import sys
 import threading
 import time
@@ -16,6 +17,7 @@ import tensorflow as tf
 from ray import cloudpickle
 
 import tfray
+from conftest import without_prefetch
 from tfray._internal import coordinator
 
 # By value: the consumer actors' processes cannot import this test module.
@@ -101,6 +103,19 @@ def test_generator_shards_are_units_read_once_per_epoch():
         for out in outs:  # A shard's batches all went to one consumer.
             shards = {i // 10 for i in out[epoch]}
             assert sorted(i for i in out[epoch]) == sorted(10 * s + j for s in shards for j in range(3))
+
+
+def test_an_iterator_dropped_mid_epoch_leaves_the_rest_to_the_next():
+    """Units not taken by TF go back at once; the worker's next iterator finishes that epoch."""
+    ds = without_prefetch(tfray.Dataset(make_refs(), sharding=tfray.DynamicSharding(name="test-drop")))
+    iterator = iter(ds)
+    first = [int(next(iterator)["id"][0]) for _ in range(3)]
+    del iterator
+    gc.collect()
+    rest = [int(b["id"][0]) for b in ds]
+    assert sorted(first + rest) == list(range(UNITS))
+    assert sorted(int(b["id"][0]) for b in ds) == list(range(UNITS))  # The next epoch: whole.
+    assert sorted(taken("test-drop")) == [0, 1]
 
 
 @ray.remote(num_cpus=0)
