@@ -144,13 +144,13 @@ PYBIND11_MODULE(_native, m) {
         }
         py::list out;
         for (auto& r : requests) {
-          out.append(py::make_tuple(r.key, r.channel, r.deterministic));
+          out.append(py::make_tuple(r.key, r.channel, r.deterministic, r.skip));
         }
         return out;
       },
       py::arg("timeout"),
       "Waits for new-epoch requests from TF iterators: "
-      "[(key, Channel, deterministic)].");
+      "[(key, Channel, deterministic, skip)].");
   m.def(
       "drain_released",
       [](double timeout) {

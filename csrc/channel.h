@@ -179,6 +179,9 @@ class SourceRegistry {
     // tf.data.Options().deterministic as the pipeline set it (default true):
     // sources that can interleave producers follow it unless told otherwise.
     bool deterministic = true;
+    // Items of the epoch to pass over before the first one delivered: the
+    // position a restored checkpoint resumes from.
+    int64_t skip = 0;
   };
   bool RequestEpoch(Request request);
   // Waits up to `timeout_s` for requests and returns all pending ones.

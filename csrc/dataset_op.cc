@@ -14,6 +14,7 @@
 #include "tensorflow/core/framework/model.h"
 #include "tensorflow/core/framework/partial_tensor_shape.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/mutex.h"
 #include "tf_compat.h"
 #include "tsl/profiler/lib/traceme.h"
 
@@ -120,7 +121,9 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
   }
 
   // The batches live in Ray, outside the graph; the graph holds only the
-  // source key, which names them within this process.
+  // source key, which names them within this process. That is enough for
+  // the graph rewrites tf.data and tf.distribute apply in process, and for
+  // iterator checkpoints, whose state is a position (see SaveInternal).
   absl::Status CheckExternalState() const override {
     return absl::OkStatus();
   }
@@ -148,28 +151,41 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
       channel_->Cancel();
     }
 
-    // Each iterator is one epoch: hand a fresh channel to the feeder side.
     absl::Status Initialize(IteratorContext* ctx) override {
-      TF_RETURN_IF_ERROR(tensorflow::RegisterCancellationCallback(
-          ctx->cancellation_manager(),
-          [channel = channel_]() { channel->Cancel(); }, &deregister_fn_));
-      SourceRegistry::Request request{dataset()->key_, channel_};
+      SourceRegistry::SourceInfo info;
+      if (!SourceRegistry::Global().Lookup(dataset()->key_, &info)) {
+        return NotRegistered();
+      }
+      deterministic_ = true;
       if (ctx->options() != nullptr && ctx->options()->has_deterministic()) {
-        request.deterministic = ctx->options()->deterministic();
+        deterministic_ = ctx->options()->deterministic();
       }
-      if (!SourceRegistry::Global().RequestEpoch(std::move(request))) {
-        return absl::NotFoundError(absl::StrCat(
-            "tfray source ", dataset()->key_,
-            " is no longer registered: its tfray.Dataset was garbage "
-            "collected. Keep a reference to the tfray.Dataset while its "
-            "pipeline is in use."));
-      }
-      return absl::OkStatus();
+      return tensorflow::RegisterCancellationCallback(
+          ctx->cancellation_manager(),
+          [channel = channel_]() { channel->Cancel(); }, &deregister_fn_);
     }
 
     absl::Status GetNextInternal(IteratorContext* ctx,
                                  std::vector<Tensor>* out_tensors,
                                  bool* end_of_sequence) override {
+      // One consumer at a time: the position must count items in the order
+      // they were handed out, and Save must not see a pop half done.
+      tensorflow::mutex_lock l(mu_);
+      if (exhausted_) {
+        *end_of_sequence = true;
+        return absl::OkStatus();
+      }
+      // Each iterator is one epoch. It is asked for at the first GetNext,
+      // not in Initialize, so a restored iterator asks for it from its
+      // saved position, and an iterator never read starts no producers.
+      if (!requested_) {
+        requested_ = true;
+        SourceRegistry::Request request{dataset()->key_, channel_,
+                                        deterministic_, position_};
+        if (!SourceRegistry::Global().RequestEpoch(std::move(request))) {
+          return NotRegistered();
+        }
+      }
       Batch batch;
       Code code = Code::kOk;
       std::string message;
@@ -180,15 +196,18 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
       }
       switch (result) {
         case Channel::PopResult::kEnd:
+          exhausted_ = true;
           *end_of_sequence = true;
           return absl::OkStatus();
         case Channel::PopResult::kCancelled:
           return absl::CancelledError("tfray iterator was cancelled");
         case Channel::PopResult::kError:
+          ++position_;  // An error takes its batch's place in the epoch.
           return ToStatus(code, message);
         case Channel::PopResult::kBatch:
           break;
       }
+      ++position_;
       *end_of_sequence = false;
       return ToTensors(batch, out_tensors);
     }
@@ -200,17 +219,43 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
       return MakeSourceNode(std::move(args));
     }
 
+    // The state is the position in the epoch: how many items (batches or
+    // per-batch errors) this iterator has handed out. A restored iterator
+    // asks its source to replay the epoch from there; the source, rebuilt by
+    // the program that restores, must yield the same items in the same order.
     absl::Status SaveInternal(SerializationContext* ctx,
                               IteratorStateWriter* writer) override {
-      return absl::UnimplementedError(
-          "tfray iterators cannot be saved in a checkpoint in this version.");
+      tensorflow::mutex_lock l(mu_);
+      TF_RETURN_IF_ERROR(writer->WriteScalar(prefix(), kPosition, position_));
+      TF_RETURN_IF_ERROR(
+          writer->WriteScalar(prefix(), kExhausted, exhausted_ ? 1 : 0));
+      return writer->WriteScalar(prefix(), kCardinality,
+                                 dataset()->info_.cardinality);
     }
 
     absl::Status RestoreInternal(IteratorContext* ctx,
                                  IteratorStateReader* reader) override {
-      return absl::UnimplementedError(
-          "tfray iterators cannot be restored from a checkpoint in this "
-          "version.");
+      tensorflow::mutex_lock l(mu_);
+      int64_t position = 0, exhausted = 0, cardinality = 0;
+      TF_RETURN_IF_ERROR(reader->ReadScalar(prefix(), kPosition, &position));
+      TF_RETURN_IF_ERROR(reader->ReadScalar(prefix(), kExhausted, &exhausted));
+      TF_RETURN_IF_ERROR(
+          reader->ReadScalar(prefix(), kCardinality, &cardinality));
+      const int64_t own = dataset()->info_.cardinality;
+      if (cardinality >= 0 && own >= 0 && cardinality != own) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "tfray: the checkpoint was saved from a dataset of ", cardinality,
+            " batches, but this one has ", own,
+            ". Restore into a tfray.Dataset built from the same batches."));
+      }
+      if (position < 0 || (own >= 0 && position > own)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tfray: the checkpoint's position ", position,
+            " is outside this dataset's ", own, " batches."));
+      }
+      position_ = position;
+      exhausted_ = exhausted != 0;
+      return absl::OkStatus();
     }
 
    private:
@@ -261,8 +306,25 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
       return absl::OkStatus();
     }
 
+    absl::Status NotRegistered() const {
+      return absl::NotFoundError(absl::StrCat(
+          "tfray source ", dataset()->key_,
+          " is no longer registered: its tfray.Dataset was garbage "
+          "collected. Keep a reference to the tfray.Dataset while its "
+          "pipeline is in use."));
+    }
+
+    static constexpr const char* const kPosition = "position";
+    static constexpr const char* const kExhausted = "exhausted";
+    static constexpr const char* const kCardinality = "cardinality";
+
     const std::shared_ptr<Channel> channel_;
     std::function<void()> deregister_fn_;
+    bool deterministic_ = true;
+    tensorflow::mutex mu_;
+    bool requested_ TF_GUARDED_BY(mu_) = false;
+    bool exhausted_ TF_GUARDED_BY(mu_) = false;
+    int64_t position_ TF_GUARDED_BY(mu_) = 0;
   };
 
   const int64_t key_;

@@ -174,3 +174,15 @@ def test_producers_do_not_import_tensorflow():
 
     (imported,) = list(tfray.Dataset.from_generators(gen, 1))
     assert imported.numpy().tolist() == [0, 0]
+
+
+def test_inferring_specs_holds_no_cpu_for_later_datasets():
+    """Datasets built before any is read (train, validation, test) all start.
+
+    Learning a spec runs one producer to its first batch and stops it; a
+    producer left paused would hold its CPU, and with 2 CPUs the third
+    dataset's producers could never run.
+    """
+    datasets = [tfray.Dataset.from_generators(counting(3), 2) for _ in range(3)]
+    for ds in datasets:
+        assert sorted(ids(ds)) == [0, 1, 2, 100, 101, 102]

@@ -49,6 +49,17 @@ def check(batch, names):
             )
 
 
+def preserves_order(data, iter_batches_args):
+    """Whether each run of ``data`` yields its rows in the same order."""
+    import ray.data
+
+    context = getattr(data, "context", None) or ray.data.DataContext.get_current()
+    if not context.execution_options.preserve_order:
+        return False
+    shuffled = iter_batches_args.get("local_shuffle_buffer_size") is not None
+    return not shuffled or iter_batches_args.get("local_shuffle_seed") is not None
+
+
 class Elements:
     """Turns Ray Data batches (dicts of columns) into tfray elements."""
 

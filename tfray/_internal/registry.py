@@ -53,11 +53,11 @@ def _ensure_dispatcher():
 def _dispatch():
     lib = native.load().lib
     while not _stop.is_set():
-        for key, channel, deterministic in lib.wait_requests(0.2):  # Without the GIL.
-            _start_epoch(key, channel, deterministic)
+        for key, channel, deterministic, skip in lib.wait_requests(0.2):  # Without the GIL.
+            _start_epoch(key, channel, deterministic, skip)
 
 
-def _start_epoch(key, channel, deterministic):
+def _start_epoch(key, channel, deterministic, skip):
     # A function of its own so that no frame keeps the source alive while
     # the dispatcher waits: a collected dataset must free its refs.
     with _lock:
@@ -70,7 +70,7 @@ def _start_epoch(key, channel, deterministic):
         channel.close()
         return
     try:
-        stream = source.open_epoch(deterministic=deterministic)
+        stream = source.open_epoch(deterministic=deterministic, skip=skip)
     except BatchError as e:
         channel.push_error(int(e.code), e.message)
         channel.close()

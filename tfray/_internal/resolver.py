@@ -81,11 +81,14 @@ class RefResolver:
 
 
 class RefList:
-    """The refs of one epoch of ``from_refs``, labelled by position."""
+    """The refs of one epoch of ``from_refs``, labelled by position.
 
-    def __init__(self, refs):
+    ``start`` is the position of the first ref in the epoch (after a resume).
+    """
+
+    def __init__(self, refs, start=0):
         self._refs = iter(refs)
-        self._index = 0
+        self._index = start
         self.done = False
 
     def take(self, n, timeout):

@@ -1,18 +1,21 @@
 """Sources: what a tfray dataset reads, and how each epoch of it starts.
 
 A source knows its element spec, cardinality and channel capacity, and opens
-a stream per epoch (see feeder.py for what a stream is). Sources that must
-run their producers to learn the element spec start the first epoch at
-construction and hand that running epoch to the first iterator, so nothing is
-executed twice just to learn a schema.
+a stream per epoch (see feeder.py for what a stream is). Without an
+element_spec, a source runs its producers at construction to learn it: Ray
+Data starts its first epoch then and hands that running epoch to the first
+iterator (a paused streaming execution holds no CPU); generators run one
+producer to its first batch and stop it (a paused producer task would keep
+its CPU from every other dataset's producers).
 """
 
 import collections
+import itertools
 import logging
 
 import ray
 
-from tfray._internal import ray_data, spec
+from tfray._internal import ray_data, resume, spec
 from tfray._internal.generators import GeneratorShards, concurrency
 from tfray._internal.lookahead import START, LookAhead
 from tfray._internal.resolver import RefList, RefResolver
@@ -53,7 +56,8 @@ class Source:
         self._feeders = collections.deque(maxlen=256)  # For stats().
         self._prestarted = prestarted  # An epoch started to learn the spec.
 
-    def open_epoch(self, *, deterministic):
+    def open_epoch(self, *, deterministic, skip=0):
+        """A stream of one epoch, past its first ``skip`` items (see resume.py)."""
         raise NotImplementedError
 
     def shard(self, num_shards, index):
@@ -148,11 +152,11 @@ class RefsSource(Source):
             self._refs[index::num_shards], element_spec=self.element_spec, **self._options
         )
 
-    def open_epoch(self, *, deterministic):
+    def open_epoch(self, *, deterministic, skip=0):
         if self._refs is not None:
-            refs = self._refs
+            refs = self._refs[skip:]
         elif self._iterator is not None:
-            refs, self._iterator = self._iterator, None
+            refs, self._iterator = itertools.islice(self._iterator, skip, None), None
         else:
             raise BatchError(
                 Code.FAILED_PRECONDITION,
@@ -160,15 +164,7 @@ class RefsSource(Source):
                 "has been read once already. Pass a list of refs to from_refs to "
                 "read it again (each iterator is a new epoch).",
             )
-        if self._max_inflight is None and self._budget is None:
-            self._budget = _default_budget()  # Once: it asks the cluster.
-        lookahead = LookAhead(
-            fixed=self._max_inflight,
-            budget_bytes=self._budget,
-            start=self._learned,
-            on_change=self._remember,
-        )
-        return RefResolver(RefList(refs), lookahead=lookahead)
+        return RefResolver(RefList(refs, start=skip), lookahead=self.lookahead())
 
     def _remember(self, limit):
         self._learned = limit
@@ -219,10 +215,9 @@ class GeneratorSource(Source):
         self._deterministic = deterministic
         self._ray_remote_args = ray_remote_args
         self._window = self._per_producer * len(self._shards)
-        prestarted = None
         if element_spec is None:
-            element_spec, prestarted = self._infer_spec()
-        super().__init__(element_spec, capacity=self._window, prestarted=prestarted)
+            element_spec = self._infer_spec()
+        super().__init__(element_spec, capacity=self._window)
 
     def work_units(self):
         """For ``sharding="dynamic"``: ``(key, count, at_once)``, a unit per shard.
@@ -265,53 +260,40 @@ class GeneratorSource(Source):
         )
 
     def _infer_spec(self):
+        # Runs one producer at a time, only to its first batch, and stops it:
+        # an epoch started here and left unread would hold its CPUs, and the
+        # next dataset's producers (a validation set, say) could never start.
+        for number, shard in enumerate(self._shards):
+            stream = GeneratorShards(
+                self._fn,
+                [shard],
+                max_inflight_per_producer=1,
+                ray_remote_args=self._ray_remote_args,
+                concurrency=1,
+                shard_numbers=[number],
+            )
+            try:
+                first = stream.take(1, timeout=None)
+                if first:
+                    label, ref = first[0]
+                    try:
+                        return spec.infer(ray.get(ref))
+                    except ray.exceptions.RayTaskError as e:
+                        raise ValueError(
+                            f"from_generators: {label} raised while inferring element_spec: {e}"
+                        ) from e
+            finally:
+                stream.close()
+        raise ValueError("from_generators: no shard yielded a batch; pass element_spec.")
+
+    def open_epoch(self, *, deterministic, skip=0):
         shards = self._start()
-        first = shards.take(1, timeout=None)
-        if not first:
-            shards.close()
-            raise ValueError("from_generators: no shard yielded a batch; pass element_spec.")
-        label, ref = first[0]
-        try:
-            element_spec = spec.infer(ray.get(ref))
-        except ray.exceptions.RayTaskError as e:
-            shards.close()
-            raise ValueError(f"from_generators: {label} raised while inferring element_spec: {e}") from e
-        return element_spec, _Prepended(first, shards)
-
-    def open_epoch(self, *, deterministic):
-        shards = self.take_prestarted() or self._start()
         shards.deterministic = deterministic if self._deterministic is None else self._deterministic
+        if skip:
+            if not shards.deterministic:
+                resume.warn_inexact("from_generators", skip, "its shards interleave first-ready (deterministic=False)")
+            shards = resume.SkippedRefs(shards, skip)
         return RefResolver(shards, lookahead=LookAhead(fixed=self._window))
-
-
-class _Prepended:
-    """A ref stream with some ``(label, ref)`` pairs already taken from it."""
-
-    def __init__(self, taken, stream):
-        self._taken = list(taken)
-        self._stream = stream
-
-    @property
-    def done(self):
-        return not self._taken and self._stream.done
-
-    @property
-    def deterministic(self):
-        return self._stream.deterministic
-
-    @deterministic.setter
-    def deterministic(self, value):
-        self._stream.deterministic = value
-
-    def take(self, n, timeout):
-        out, self._taken = self._taken[:n], self._taken[n:]
-        if len(out) < n:
-            out += self._stream.take(n - len(out), 0 if out else timeout)
-        return out
-
-    def close(self):
-        self._taken = []
-        self._stream.close()
 
 
 class RayDataSource(Source):
@@ -362,8 +344,19 @@ class RayDataSource(Source):
             )
         return ray_data.IterBatches(self._data, elements, args)
 
-    def open_epoch(self, *, deterministic):
-        return self.take_prestarted() or self._start()
+    def open_epoch(self, *, deterministic, skip=0):
+        stream = self.take_prestarted() or self._start()
+        if skip:
+            if not ray_data.preserves_order(self._data, self._iter_batches_args):
+                resume.warn_inexact(
+                    "from_ray_data",
+                    skip,
+                    "Ray Data may order blocks differently each run (set "
+                    "DataContext.get_current().execution_options.preserve_order = True, "
+                    "and seed any shuffle)",
+                )
+            stream = resume.SkippedItems(stream, skip)
+        return stream
 
 
 def _names(columns):

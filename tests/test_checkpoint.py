@@ -1,0 +1,176 @@
+"""Iterator checkpoints: a restored iterator continues with the next batch.
+
+Each source is rebuilt before restoring (as a program that restarts does),
+so these tests also show that the checkpoint holds a position, not a
+pointer into this process.
+"""
+
+import numpy as np
+import pytest
+import ray
+import tensorflow as tf
+from tensorflow.python.data.kernel_tests import checkpoint_test_base
+
+from conftest import without_prefetch
+
+import tfray
+
+N = 12
+
+
+def _ids(values):
+    return [int(np.asarray(v["id"]).reshape(-1)[0]) for v in values]
+
+
+def _save_after(ds, k, path):
+    """Reads ``k`` elements, checkpoints the iterator; returns what it read."""
+    it = iter(ds)
+    read = [next(it) for _ in range(k)]
+    tf.train.Checkpoint(iterator=it).write(path)
+    return read
+
+
+def _restore(ds, path):
+    it = iter(ds)
+    tf.train.Checkpoint(iterator=it).read(path).assert_consumed()
+    return list(it)
+
+
+@pytest.fixture(scope="module")
+def refs(ray_session):
+    return [ray.put({"id": np.full((4,), i, np.int64)}) for i in range(N)]
+
+
+@pytest.mark.parametrize("k", [0, 1, 5, N - 1, N])
+def test_refs_resume_after_k(refs, tmp_path, k):
+    path = str(tmp_path / "ckpt")
+    read = _save_after(tfray.Dataset.from_refs(refs), k, path)
+    rest = _restore(tfray.Dataset.from_refs(refs), path)
+    assert _ids(read) + _ids(rest) == list(range(N))
+
+
+def test_refs_resume_through_map_and_prefetch(refs, tmp_path):
+    # tf.data saves what prefetch had buffered; tfray resumes after it.
+    def pipeline():
+        ds = tfray.Dataset.from_refs(refs).map(lambda b: {"id": b["id"] * 10})
+        return ds.prefetch(4)
+
+    path = str(tmp_path / "ckpt")
+    read = _save_after(pipeline(), 3, path)
+    rest = _restore(pipeline(), path)
+    assert _ids(read) + _ids(rest) == [10 * i for i in range(N)]
+
+
+def test_exhausted_iterator_restores_exhausted(refs, tmp_path):
+    path = str(tmp_path / "ckpt")
+    it = iter(tfray.Dataset.from_refs(refs))
+    assert len(list(it)) == N
+    tf.train.Checkpoint(iterator=it).write(path)
+    assert _restore(tfray.Dataset.from_refs(refs), path) == []
+
+
+def test_restore_into_a_different_dataset_is_refused(refs, tmp_path):
+    path = str(tmp_path / "ckpt")
+    _save_after(tfray.Dataset.from_refs(refs), 2, path)
+    with pytest.raises(tf.errors.FailedPreconditionError, match="12 batches, but this one has 5"):
+        _restore(tfray.Dataset.from_refs(refs[:5]), path)
+
+
+def test_one_shot_iterator_resumes(refs, tmp_path):
+    path = str(tmp_path / "ckpt")
+    read = _save_after(tfray.Dataset.from_refs(iter(refs)), 4, path)
+    rest = _restore(tfray.Dataset.from_refs(iter(refs)), path)
+    assert _ids(read) + _ids(rest) == list(range(N))
+
+
+def test_restored_iterator_resolves_no_skipped_batch(refs, tmp_path):
+    # The refs before the saved position are not fetched again. (Without
+    # tf.data's injected prefetch, whose buffer the checkpoint would hold.)
+    path = str(tmp_path / "ckpt")
+    _save_after(without_prefetch(tfray.Dataset.from_refs(refs)), 7, path)
+    ds = tfray.Dataset.from_refs(refs)
+    assert len(_restore(without_prefetch(ds), path)) == N - 7
+    assert [s.batches for s in ds.stats()] == [N - 7]
+
+
+def _counting():
+    """A generator function (a closure, so Ray pickles it by value)."""
+
+    def shard_batches(shard):
+        for j in range(4):
+            yield {"id": np.full((2,), 100 * shard + j, np.int64)}
+
+    return shard_batches
+
+
+def test_generators_resume_in_deterministic_mode(ray_session, tmp_path):
+    def make():
+        return tfray.Dataset.from_generators(_counting(), 3, deterministic=True)
+
+    expected = _ids(list(make()))
+    assert sorted(expected) == sorted(100 * s + j for s in range(3) for j in range(4))
+    path = str(tmp_path / "ckpt")
+    read = _save_after(make(), 5, path)
+    rest = _restore(make(), path)
+    assert _ids(read) + _ids(rest) == expected
+
+
+@pytest.fixture
+def ordered_ray_data():
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    before = context.execution_options.preserve_order
+    context.execution_options.preserve_order = True
+    yield
+    context.execution_options.preserve_order = before
+
+
+def test_ray_data_resumes_when_order_is_preserved(ray_session, ordered_ray_data, tmp_path):
+    import ray.data
+
+    def make():
+        data = ray.data.range(40, override_num_blocks=4)
+        return tfray.Dataset.from_ray_data(data, batch_size=4)
+
+    path = str(tmp_path / "ckpt")
+    read = _save_after(make(), 3, path)
+    rest = _restore(make(), path)
+    rows = [int(x) for batch in read + rest for x in batch["id"]]
+    assert rows == list(range(40))
+
+
+def test_resume_with_order_not_fixed_warns(ray_session, tmp_path, caplog):
+    def make():
+        return tfray.Dataset.from_generators(_counting(), 3, deterministic=False)
+
+    path = str(tmp_path / "ckpt")
+    _save_after(make(), 2, path)
+    with caplog.at_level("WARNING", logger="tfray"):
+        rest = _restore(make(), path)
+    assert len(rest) == 12 - 2
+    assert "deterministic=False" in caplog.text
+
+
+@pytest.mark.usefixtures("ray_session")
+class TfrayCheckpointTest(checkpoint_test_base.CheckpointTestBase):
+    """TensorFlow's own iterator checkpoint harness, on tfray sources (eager)."""
+
+    def _refs_ds(self):
+        refs = [ray.put(np.arange(3, dtype=np.float32) + i) for i in range(10)]
+        return lambda: tfray.Dataset.from_refs(refs)
+
+    def _generators_ds(self):
+        return lambda: tfray.Dataset.from_generators(_counting(), 2, deterministic=True)
+
+    def _check(self, ds_fn, num_outputs):
+        self.verify_unused_iterator(ds_fn, num_outputs)
+        self.verify_fully_used_iterator(ds_fn, num_outputs)
+        self.verify_exhausted_iterator(ds_fn, num_outputs)
+        self.verify_multiple_breaks(ds_fn, num_outputs, num_breaks=4)
+
+    def test_from_refs(self):
+        self._check(self._refs_ds(), 10)
+
+    def test_from_generators(self):
+        self._check(self._generators_ds(), 8)

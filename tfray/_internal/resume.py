@@ -1,0 +1,78 @@
+"""Resuming an epoch from a checkpointed position.
+
+A restored TF iterator asks its source for the epoch again, with the number
+of items (batches, or per-batch errors) it had already handed out. Sources
+pass over that many: a list of refs by slicing (nothing is resolved), a
+producer stream by dropping refs unresolved, a Ray Data stream by dropping
+batches after they are read. The result is exact when the epoch yields the
+same items in the same order each time it is run.
+"""
+
+import logging
+
+logger = logging.getLogger("tfray")
+
+
+class SkippedRefs:
+    """A ``(label, ref)`` stream whose first ``skip`` pairs are dropped unread."""
+
+    def __init__(self, stream, skip):
+        self._stream = stream
+        self._skip = skip
+
+    @property
+    def done(self):
+        return self._stream.done
+
+    @property
+    def deterministic(self):
+        return self._stream.deterministic
+
+    @deterministic.setter
+    def deterministic(self, value):
+        self._stream.deterministic = value
+
+    def take(self, n, timeout):
+        while self._skip:
+            dropped = self._stream.take(self._skip, timeout)
+            if not dropped:
+                return []  # None ready yet, or the stream ended early.
+            self._skip -= len(dropped)
+        return self._stream.take(n, timeout)
+
+    def close(self):
+        self._stream.close()
+
+
+class SkippedItems:
+    """A resolved ``(label, value, error)`` stream whose first ``skip`` items are dropped."""
+
+    def __init__(self, stream, skip):
+        self._stream = stream
+        self._skip = skip
+
+    @property
+    def in_flight(self):
+        return self._stream.in_flight
+
+    def next_ready(self, timeout):
+        items = self._stream.next_ready(timeout)
+        if items and self._skip:
+            dropped = min(self._skip, len(items))
+            self._skip -= dropped
+            items = items[dropped:]
+        return items
+
+    def close(self):
+        self._stream.close()
+
+
+def warn_inexact(source, skip, why):
+    logger.warning(
+        "tfray: resuming %s at batch %d by passing over the first %d; %s, so "
+        "they may not be the batches delivered before the checkpoint.",
+        source,
+        skip,
+        skip,
+        why,
+    )
