@@ -83,7 +83,12 @@ class GeneratorShards:
 
     def close(self):
         for _, generator in self._running:
-            ray.cancel(generator)
+            # Cancelling a task that is completing can crash this process
+            # (Ray's "Tried to complete task that was not pending" check);
+            # one that has completed needs no cancel.
+            done, _ = ray.wait([generator.completed()], timeout=0)
+            if not done:
+                ray.cancel(generator)
         self._running = []
         self._next_shard = len(self._shards)
         self.done = True
