@@ -144,6 +144,11 @@ CASES = [
         TypeError,
         "a one-shot iterator of refs cannot be sharded; pass a list of refs",
     ),
+    # DynamicSharding, the options of sharding="dynamic".
+    ("dynamic name int", lambda e: tfray.DynamicSharding(name=3), TypeError, "DynamicSharding.name: expected a non-empty str or None, got 3"),
+    ("dynamic name empty", lambda e: tfray.DynamicSharding(name=""), TypeError, "DynamicSharding.name: expected a non-empty str"),
+    ("dynamic lease str", lambda e: tfray.DynamicSharding(lease_timeout_s="10"), TypeError, "DynamicSharding.lease_timeout_s: expected seconds, got str"),
+    ("dynamic lease 0", lambda e: tfray.DynamicSharding(lease_timeout_s=0), ValueError, "DynamicSharding.lease_timeout_s: expected > 0, got 0"),
     # stats and IteratorStats take no arguments.
     ("stats arg", lambda e: e.ds.stats(1), TypeError, "stats() takes 1 positional argument"),
     ("verdict arg", lambda e: tfray.IteratorStats(*[0] * 14).verdict(1), TypeError, "verdict() takes 1 positional argument"),
