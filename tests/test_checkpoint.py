@@ -5,12 +5,18 @@ so these tests also show that the checkpoint holds a position, not a
 pointer into this process.
 """
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import ray
 import tensorflow as tf
 from tensorflow.python.data.kernel_tests import checkpoint_test_base
 
+import resume_worker
 from conftest import without_prefetch
 
 import tfray
@@ -174,3 +180,79 @@ class TfrayCheckpointTest(checkpoint_test_base.CheckpointTestBase):
 
     def test_from_generators(self):
         self._check(self._generators_ds(), 8)
+
+
+WORKER = os.path.join(os.path.dirname(__file__), "resume_worker.py")
+PROCESS_TIMEOUT = 150  # Seconds per training process; TF and Ray start slowly on 2 shared cores.
+
+
+def _train(mode, kill_at, tmp_path):
+    """Runs resume_worker.py once; returns its exit status and its log so far."""
+    log = tmp_path / "log.jsonl"
+    config = dict(
+        address=ray.get_runtime_context().gcs_address,
+        mode=mode,
+        kill_at=kill_at,
+        ckpt_dir=str(tmp_path / "ckpt"),
+        log=str(log),
+    )
+    before = len(log.read_text().splitlines()) if log.exists() else 0
+    process = subprocess.run(
+        [sys.executable, WORKER, json.dumps(config)],
+        capture_output=True,
+        text=True,
+        timeout=PROCESS_TIMEOUT,
+    )
+    records = [json.loads(line) for line in log.read_text().splitlines()[before:]]
+    return process.returncode, records, process.stderr[-4000:]
+
+
+def _expected_epoch():
+    """One uninterrupted epoch of resume_worker's data, in its deterministic order."""
+    ds = tfray.Dataset.from_generators(
+        resume_worker.batches(), resume_worker.SHARDS, element_spec=resume_worker.SPEC, deterministic=True
+    )
+    ids = [int(b["id"][0]) for b in ds]
+    assert sorted(ids) == sorted(100 * s + j for s in range(resume_worker.SHARDS) for j in range(resume_worker.PER_SHARD))
+    return ids
+
+
+def test_killed_training_loop_resumes_mid_epoch(ray_session, tmp_path):
+    """A process killed mid-epoch resumes from its checkpoint, none lost, none repeated.
+
+    Steps after the last checkpoint are trained again after the restart (as
+    with any checkpoint); what the checkpoint covered is not.
+    """
+    kill_at = 17  # In the second epoch, two steps after the checkpoint at 15.
+    code, first, err = _train("loop", kill_at, tmp_path)
+    assert code == resume_worker.KILLED, err
+    code, second, err = _train("loop", -1, tmp_path)
+    assert code == 0, err
+
+    saved = max(r["step"] for r in first if r["event"] == "saved")
+    assert saved == 15
+    assert second[0] == {"event": "restored", "step": saved}
+    covered = [r["id"] for r in first if r["event"] == "trained" and r["step"] <= saved]
+    resumed = [r["id"] for r in second if r["event"] == "trained"]
+    assert covered + resumed == _expected_epoch() * resume_worker.EPOCHS
+    assert [r["step"] for r in second if r["event"] == "trained"][0] == saved + 1
+
+
+def test_killed_keras_fit_resumes_at_its_epoch(ray_session, tmp_path):
+    """Keras BackupAndRestore resumes at the interrupted epoch; tfray serves it whole.
+
+    (Keras restores model and epoch, not the input position: the interrupted
+    epoch is trained again from its first batch.)
+    """
+    per_epoch = resume_worker.SHARDS * resume_worker.PER_SHARD
+    code, first, err = _train("fit", per_epoch + 5, tmp_path)
+    assert code == resume_worker.KILLED, err
+    assert [r["epoch"] for r in first if r["event"] == "epoch_end"] == [0]
+    code, second, err = _train("fit", -1, tmp_path)
+    assert code == 0, err
+    ends = [r for r in second if r["event"] == "epoch_end"]
+    assert [r["epoch"] for r in ends] == [1, 2]
+    assert [r["batches"] for r in ends] == [per_epoch, per_epoch]
+    # The restored weights carried on: the resumed run starts where the first left off.
+    first_loss = [r["loss"] for r in first if r["event"] == "epoch_end"][0]
+    assert ends[-1]["loss"] < first_loss
