@@ -73,7 +73,7 @@ class _View:
 
 
 def _unaligned(raw, dtype, shape):
-    return raw[1 : 1 + raw.size - 1].view(dtype).reshape(shape)
+    return raw[1:].view(dtype).reshape(shape)
 
 
 class _Unaligned:
@@ -107,7 +107,7 @@ def _laid_out(array, layout):
 
 @st.composite
 def leaves(draw):
-    """(what to put, the array TF must return, a description for failures)."""
+    """A Leaf: a random array of a supported dtype and shape, in a random layout."""
     dtype = np.dtype(draw(st.sampled_from(SUPPORTED)))
     shape = draw(hnp.array_shapes(min_dims=0, max_dims=6, min_side=0, max_side=3))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -122,6 +122,8 @@ def leaves(draw):
 
 
 class Leaf:
+    """What to ray.put, the array TF must give back, and how to show it."""
+
     def __init__(self, put, expected, description):
         self.put, self.expected, self.description = put, expected, description
 
