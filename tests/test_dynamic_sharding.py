@@ -37,9 +37,15 @@ def taken(name):
     return ray.get(ray.get_actor(name, namespace=coordinator.NAMESPACE).taken.remote())
 
 
-def consume(ds, epochs, delay_s, out):
-    """Reads ``epochs`` epochs of ``ds``, appending each epoch's ids to ``out``."""
+def consume(ds, epochs, delay_s, out, barrier=None):
+    """Reads ``epochs`` epochs of ``ds``, appending each epoch's ids to ``out``.
+
+    With a ``barrier``, consumers start each epoch together, as the workers
+    of a synchronous training job do.
+    """
     for _ in range(epochs):
+        if barrier is not None:
+            barrier.wait(timeout=60)
         ids = []
         for batch in ds:
             ids.append(int(batch["id"][0]))
@@ -55,10 +61,10 @@ def test_a_slow_consumer_takes_fewer_units_and_each_is_read_once_per_epoch():
     slow_ds = tfray.Dataset(refs, sharding=sharding)
     assert fast_ds.cardinality().numpy() == tf.data.UNKNOWN_CARDINALITY
     fast, slow = [], []
+    barrier = threading.Barrier(2)
     threads = [
-        # The fast one not too fast: the slow one must be there to take any.
-        threading.Thread(target=consume, args=(fast_ds, 2, 0.04, fast)),
-        threading.Thread(target=consume, args=(slow_ds, 2, 0.2, slow)),
+        threading.Thread(target=consume, args=(fast_ds, 2, 0.04, fast, barrier)),
+        threading.Thread(target=consume, args=(slow_ds, 2, 0.2, slow, barrier)),
     ]
     for t in threads:
         t.start()
@@ -68,7 +74,7 @@ def test_a_slow_consumer_takes_fewer_units_and_each_is_read_once_per_epoch():
     for epoch in range(2):
         both = fast[epoch] + slow[epoch]
         assert sorted(both) == list(range(UNITS)), f"epoch {epoch}: {fast[epoch]} + {slow[epoch]}"
-        assert len(slow[epoch]) < len(fast[epoch])
+        assert 0 < len(slow[epoch]) < len(fast[epoch])
     # The coordinator handed each unit once, to the consumer that read it.
     handed = taken("test-slow-fast")
     for epoch in range(2):

@@ -109,7 +109,12 @@ class Coordinator:
         while True:
             self._expire()
             units = []
-            while state.waiting and len(units) < n:
+            # However far ahead it reads, a worker holds at most half its fair
+            # share of the epoch: a fast one must not take what a slower one,
+            # or one that starts a moment later, would have read meanwhile.
+            share = -(-self._num_units // (2 * len(self._seen)))
+            held = sum(1 for w in state.leased.values() if w == worker)
+            while state.waiting and len(units) < min(n, share - held):
                 unit = state.waiting.popleft()
                 state.leased[unit] = worker
                 state.taken[worker].append(unit)
