@@ -50,11 +50,30 @@ class Source:
     cardinality = UNKNOWN_CARDINALITY
 
     def __init__(self, element_spec, capacity, prestarted=None):
-        self.element_spec = element_spec
-        self.flat_spec = spec.FlatSpec(element_spec)
+        self._element_spec = element_spec  # None: learned on first use.
+        self._flat_spec = None
         self.capacity = capacity  # Batches each epoch's channel holds.
         self._feeders = collections.deque(maxlen=256)  # For stats().
         self._prestarted = prestarted  # An epoch started to learn the spec.
+
+    @property
+    def element_spec(self):
+        self._learn_spec()
+        return self._element_spec
+
+    @property
+    def flat_spec(self):
+        return self._learn_spec()
+
+    def _learn_spec(self):
+        if self._flat_spec is None:
+            if self._element_spec is None:
+                self._element_spec = self._infer_spec()
+            self._flat_spec = spec.FlatSpec(self._element_spec)  # Checks it, too.
+        return self._flat_spec
+
+    def _infer_spec(self):
+        raise NotImplementedError
 
     def open_epoch(self, *, deterministic, skip=0):
         """A stream of one epoch, past its first ``skip`` items (see resume.py)."""
@@ -215,8 +234,8 @@ class GeneratorSource(Source):
         self._deterministic = deterministic
         self._ray_remote_args = ray_remote_args
         self._window = self._per_producer * len(self._shards)
-        if element_spec is None:
-            element_spec = self._infer_spec()
+        # Without element_spec, it is learned when first asked for: by then a
+        # worker's share is known, and only the share's producers run.
         super().__init__(element_spec, capacity=self._window)
 
     def work_units(self):
@@ -244,7 +263,7 @@ class GeneratorSource(Source):
         return GeneratorSource(
             self._fn,
             self._shards[index::num_shards],
-            element_spec=self.element_spec,
+            element_spec=self._element_spec,
             max_inflight_per_producer=self._per_producer,
             deterministic=self._deterministic,
             ray_remote_args=self._ray_remote_args,
