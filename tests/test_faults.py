@@ -61,6 +61,24 @@ def test_refs_worth_twice_the_object_store_are_spilled_and_read_back():
     assert store_stats().restored_bytes_total > before.restored_bytes_total
 
 
+def test_a_batch_bigger_than_the_whole_store_is_delivered_zero_copy():
+    """Ray puts an object larger than the store in fallback (file-backed) memory; TF gets it as is."""
+
+    @ray.remote
+    def make(i, mb):
+        return np.full(mb * MB // 8, i, np.float64)
+
+    big = OBJECT_STORE_BYTES // MB + 10  # 160 MB in a 150 MB store.
+    before = store_stats().object_store_bytes_fallback
+    refs = [make.remote(1, 1), make.remote(2, big), make.remote(3, 1)]
+    ds = tfray.Dataset(refs)
+    got = [(float(b[0]), float(b[-1]), b.shape[0]) for b in ds]
+    assert got == [(1, 1, MB // 8), (2, 2, big * MB // 8), (3, 3, MB // 8)]
+    stats = ds.stats()[-1]
+    assert stats.bytes == (big + 2) * MB and stats.bytes_copied == 0
+    assert store_stats().object_store_bytes_fallback >= before + big * MB
+
+
 def test_generators_into_a_nearly_full_store_are_held_back_not_failed():
     """With most of the store pinned by others, producers of 4x the free space still deliver."""
     baseline = _settled_baseline()
