@@ -7,10 +7,17 @@ dataset (same refs, or same generator function and shards; or the same
 (coordinator.py), which hands each unit of an epoch to one worker, on
 demand: a worker that consumes slowly asks less often, so it takes less.
 
-A unit is finished when TensorFlow has taken every batch of it from this
-worker's iterator (not merely resolved or queued them), so a worker that
-dies or drops its iterator leaves its unfinished units, and the batches it
-had queued, to the others.
+A unit is finished when TensorFlow has taken every batch of it from tfray
+(not merely resolved or queued them), so a worker that dies or drops its
+iterator leaves its unfinished units, and the batches it had queued, to the
+others. Batches that tf.data transformations after the source hold (a
+prefetch buffer, a shuffle buffer) count as taken: a dying worker loses
+those with its process. A unit whose worker was taken for dead while it was
+only slow may be read twice; with no failure, each unit is read once.
+
+A worker reads ahead (the look-ahead adapts for refs), but holds at most half
+its fair share of an epoch's units (coordinator.py), so a fast worker cannot
+take everything before a slower one asks.
 """
 
 import collections
@@ -42,8 +49,10 @@ class DynamicSharding:
             (``from_generators``). Give a name when each worker makes its own
             refs (the ids then differ) or to keep two equal datasets apart.
         lease_timeout_s: a worker whose process has not renewed its lease
-            for this long (it died, or hung) loses its unfinished units to
-            the others. Live workers renew every ``lease_timeout_s / 4``.
+            for this long (it died, or stalled so badly that its heartbeat
+            thread could not run) loses its unfinished units to the others.
+            Live workers renew every ``lease_timeout_s / 4``. The first
+            worker to reach the coordinator sets it for all.
     """
 
     name: typing.Optional[str] = None
