@@ -5,6 +5,7 @@ unit. Consumers are threads of this process (each with its own
 ``tfray.Dataset``: a worker each) or, where one must die, Ray actors.
 """
 
+import functools
 import gc
 import sys
 import threading
@@ -18,7 +19,7 @@ from ray import cloudpickle
 
 import tfray
 from conftest import without_prefetch
-from tfray._internal import coordinator
+from tfray._internal import coordinator, generators
 
 # By value: the consumer actors' processes cannot import this test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -195,3 +196,19 @@ def test_dynamic_sharding_refuses_what_it_cannot_hand_out():
     tfray.Dataset(refs, sharding=tfray.DynamicSharding(name="test-clash"))
     with pytest.raises(ValueError, match="own name"):
         tfray.Dataset(make_refs(5), sharding=tfray.DynamicSharding(name="test-clash"))
+    spec = tf.TensorSpec([None], tf.int64)
+    with pytest.raises(ValueError, match="Name the dataset"):
+        tfray.Dataset.from_generators(lambda shard: iter(()), 2, element_spec=spec, sharding="dynamic")
+
+
+def test_generator_datasets_are_named_alike_in_every_process():
+    """The coordinator's name comes from what every process spells the same: not addresses."""
+
+    def produce(shard, rows):
+        yield np.zeros(rows, np.int64)
+
+    assert generators.stable_name(produce) == f"{__name__}.{produce.__qualname__}"
+    one, other = functools.partial(produce, rows=4), functools.partial(produce, rows=4)
+    assert generators.stable_name(one) == generators.stable_name(other) is not None
+    assert generators.stable_name(functools.partial(produce, rows=5)) != generators.stable_name(one)
+    assert generators.stable_name(lambda shard: iter(())) is None

@@ -81,6 +81,13 @@ class DynamicSource(Source):
 
     def __init__(self, whole, options):
         key, num_units, self._at_once = whole.work_units()
+        if options.name is None and key is None:
+            raise ValueError(
+                "sharding='dynamic': this dataset's generator function (a lambda or a "
+                "callable object) has no name that is the same in every worker process, "
+                "so the workers cannot find one coordinator by it. Name the dataset: "
+                "sharding=tfray.DynamicSharding(name='...'), the same name on every worker."
+            )
         name = options.name or "tfray-dynamic-" + hashlib.sha256(key.encode()).hexdigest()[:24]
         self._whole = whole
         self.client = coordinator.Client(

@@ -11,6 +11,8 @@ the order would wait on a shard that cannot start while the running ones sit
 paused by backpressure.
 """
 
+import functools
+
 import ray
 from ray import cloudpickle
 
@@ -20,6 +22,22 @@ from tfray._internal import producer
 # TensorFlow (seconds and hundreds of MB each) just to find this function.
 cloudpickle.register_pickle_by_value(producer)
 _remote_run_shard = ray.remote(producer.run_shard)
+
+
+def stable_name(fn):
+    """A name for ``fn`` that is the same in every process, or None.
+
+    A function's module and qualified name; for a ``functools.partial``, its
+    function's and its arguments' reprs. A lambda or a callable object has
+    none that tells it apart from others of its kind.
+    """
+    if isinstance(fn, functools.partial):
+        inner = stable_name(fn.func)
+        return None if inner is None else f"{inner}{fn.args!r}{sorted(fn.keywords.items())!r}"
+    qualname = getattr(fn, "__qualname__", None)
+    if not isinstance(qualname, str) or "<lambda>" in qualname:
+        return None
+    return f"{getattr(fn, '__module__', None)}.{qualname}"
 
 
 def concurrency(num_shards, ray_remote_args):

@@ -16,7 +16,7 @@ import logging
 import ray
 
 from tfray._internal import ray_data, resume, spec
-from tfray._internal.generators import GeneratorShards, concurrency
+from tfray._internal.generators import GeneratorShards, concurrency, stable_name
 from tfray._internal.lookahead import START, LookAhead
 from tfray._internal.resolver import RefList, RefResolver
 from tfray._internal.status import BatchError, Code
@@ -241,12 +241,13 @@ class GeneratorSource(Source):
     def work_units(self):
         """For ``sharding="dynamic"``: ``(key, count, at_once)``, a unit per shard.
 
-        ``key`` names the function and the shards, the same in every process;
-        ``at_once`` is how many producers can run together.
+        ``key`` names the function and the shards, the same in every process
+        (None if the function has no such name); ``at_once`` is how many
+        producers can run together.
         """
-        name = f"{getattr(self._fn, '__module__', '')}.{getattr(self._fn, '__qualname__', repr(self._fn))}"
-        at_once = concurrency(len(self._shards), self._ray_remote_args)
-        return f"generators:{name}:{self._shards!r}", len(self._shards), at_once
+        name = stable_name(self._fn)
+        key = None if name is None else f"generators:{name}:{self._shards!r}"
+        return key, len(self._shards), concurrency(len(self._shards), self._ray_remote_args)
 
     def unit_refs(self, unit):
         """The ref stream of work unit ``unit``: shard ``unit``'s producer."""
