@@ -109,7 +109,7 @@ def test_generator_shards_are_units_read_once_per_epoch():
         assert sorted(outs[0][epoch] + outs[1][epoch]) == expected
         for out in outs:  # A shard's batches all went to one consumer.
             shards = {i // 10 for i in out[epoch]}
-            assert sorted(i for i in out[epoch]) == sorted(10 * s + j for s in shards for j in range(3))
+            assert sorted(out[epoch]) == sorted(10 * s + j for s in shards for j in range(3))
 
 
 def test_an_iterator_dropped_mid_epoch_leaves_the_rest_to_the_next():

@@ -78,6 +78,10 @@ class DynamicSource(Source):
     """
 
     cardinality = UNKNOWN_CARDINALITY  # The share is decided as it is read.
+    # Never started ahead of an iterator: it would lease units that no
+    # iterator may come to read, and its feeder's channel is known only
+    # through record().
+    replays = False
 
     def __init__(self, whole, options):
         key, num_units, self._at_once = whole.work_units()
