@@ -144,13 +144,24 @@ PYBIND11_MODULE(_native, m) {
         }
         py::list out;
         for (auto& r : requests) {
-          out.append(py::make_tuple(r.key, r.channel, r.deterministic, r.skip));
+          out.append(py::make_tuple(r.key, r.channel, r.deterministic, r.skip,
+                                    r.offered));
         }
         return out;
       },
       py::arg("timeout"),
       "Waits for new-epoch requests from TF iterators: "
-      "[(key, Channel, deterministic, skip)].");
+      "[(key, Channel, deterministic, skip, offered)]; offered: the iterator "
+      "took the channel offered for it (its feeder runs already).");
+  m.def(
+      "offer_epoch",
+      [](int64_t key, std::shared_ptr<Channel> channel) {
+        return tfray::SourceRegistry::Global().OfferEpoch(key,
+                                                          std::move(channel));
+      },
+      py::arg("key"), py::arg("channel"),
+      "Offers a channel a feeder fills with the next epoch of source `key` "
+      "to its next iterator. False if the source is gone or has an offer.");
   m.def(
       "drain_released",
       [](double timeout) {

@@ -183,8 +183,17 @@ void SourceRegistry::Register(int64_t key, SourceInfo info) {
 }
 
 void SourceRegistry::Unregister(int64_t key) {
-  std::lock_guard<std::mutex> lock(mu_);
-  sources_.erase(key);
+  std::shared_ptr<Channel> offered;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sources_.erase(key);
+    auto it = offered_.find(key);
+    if (it != offered_.end()) {
+      offered = std::move(it->second);
+      offered_.erase(it);
+    }
+  }
+  if (offered) offered->Cancel();  // Stops its feeder; no iterator will read it.
 }
 
 bool SourceRegistry::Lookup(int64_t key, SourceInfo* info) const {
@@ -195,13 +204,28 @@ bool SourceRegistry::Lookup(int64_t key, SourceInfo* info) const {
   return true;
 }
 
-bool SourceRegistry::RequestEpoch(Request request) {
+bool SourceRegistry::RequestEpoch(Request request,
+                                  std::shared_ptr<Channel>* reads) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (sources_.count(request.key) == 0) return false;
+    auto offer = offered_.find(request.key);
+    if (offer != offered_.end() && request.skip == 0) {
+      request.channel = std::move(offer->second);
+      request.offered = true;
+      offered_.erase(offer);
+    }
+    if (reads != nullptr) *reads = request.channel;
     requests_.push_back(std::move(request));
   }
   cv_.notify_all();
+  return true;
+}
+
+bool SourceRegistry::OfferEpoch(int64_t key, std::shared_ptr<Channel> channel) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sources_.count(key) == 0 || offered_.count(key) != 0) return false;
+  offered_[key] = std::move(channel);
   return true;
 }
 

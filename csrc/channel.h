@@ -159,7 +159,10 @@ class Channel {
 
 // Maps a source key (what the dataset graph serializes) to the requests for
 // new epochs. A TF iterator asks for an epoch by handing over a fresh channel;
-// the Python dispatcher takes the request and starts a feeder on it.
+// the Python dispatcher takes the request and starts a feeder on it. For a
+// source that replays the same batches every epoch, the dispatcher may offer
+// a channel a feeder is already filling with the next epoch: the next
+// iterator takes it at once, with no Python on its path.
 class SourceRegistry {
  public:
   static SourceRegistry& Global();
@@ -182,8 +185,17 @@ class SourceRegistry {
     // Items of the epoch to pass over before the first one delivered: the
     // position a restored checkpoint resumes from.
     int64_t skip = 0;
+    // Set on the notice the dispatcher gets when an iterator took an
+    // offered channel (`channel`); no new feeder is wanted for it.
+    bool offered = false;
   };
-  bool RequestEpoch(Request request);
+  // Returns false if `key` is not registered. Otherwise `*reads` (if given)
+  // is the channel the iterator reads: an offered one when there is one and
+  // nothing is to be skipped, else `request.channel`.
+  bool RequestEpoch(Request request, std::shared_ptr<Channel>* reads = nullptr);
+  // Offers `channel` to the next iterator of `key`. False (and nothing kept)
+  // if `key` is not registered or already has an offer.
+  bool OfferEpoch(int64_t key, std::shared_ptr<Channel> channel);
   // Waits up to `timeout_s` for requests and returns all pending ones.
   std::vector<Request> WaitRequests(double timeout_s);
 
@@ -192,6 +204,8 @@ class SourceRegistry {
   std::condition_variable cv_;
   std::unordered_map<int64_t, SourceInfo> sources_;  // Guarded by mu_.
   std::vector<Request> requests_;                     // Guarded by mu_.
+  std::unordered_map<int64_t, std::shared_ptr<Channel>>
+      offered_;  // Guarded by mu_.
 };
 
 }  // namespace tfray

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -142,13 +143,13 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
    public:
     explicit Iterator(const Params& params)
         : DatasetIterator<Dataset>(params),
-          channel_(std::make_shared<Channel>(params.dataset->info_.capacity)) {}
+          reading_(std::make_shared<Reading>()) {}
 
     ~Iterator() override {
       if (deregister_fn_) deregister_fn_();
       // Tells the feeder to stop and drops queued batches; tensors already
       // handed out keep their batches alive through their release tokens.
-      channel_->Cancel();
+      reading_->Cancel();
     }
 
     absl::Status Initialize(IteratorContext* ctx) override {
@@ -162,7 +163,7 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
       }
       return tensorflow::RegisterCancellationCallback(
           ctx->cancellation_manager(),
-          [channel = channel_]() { channel->Cancel(); }, &deregister_fn_);
+          [reading = reading_]() { reading->Cancel(); }, &deregister_fn_);
     }
 
     absl::Status GetNextInternal(IteratorContext* ctx,
@@ -178,13 +179,16 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
       // Each iterator is one epoch. It is asked for at the first GetNext,
       // not in Initialize, so a restored iterator asks for it from its
       // saved position, and an iterator never read starts no producers.
-      if (!requested_) {
-        requested_ = true;
-        SourceRegistry::Request request{dataset()->key_, channel_,
-                                        deterministic_, position_};
-        if (!SourceRegistry::Global().RequestEpoch(std::move(request))) {
+      if (channel_ == nullptr) {
+        SourceRegistry::Request request{
+            dataset()->key_,
+            std::make_shared<Channel>(dataset()->info_.capacity),
+            deterministic_, position_};
+        if (!SourceRegistry::Global().RequestEpoch(std::move(request),
+                                                   &channel_)) {
           return NotRegistered();
         }
+        reading_->Set(channel_);
       }
       Batch batch;
       Code code = Code::kOk;
@@ -318,11 +322,34 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
     static constexpr const char* const kExhausted = "exhausted";
     static constexpr const char* const kCardinality = "cardinality";
 
-    const std::shared_ptr<Channel> channel_;
+    // The channel an iterator reads, shared with its cancellation callback.
+    // It is known from the first GetNext on: the iterator's own, or one the
+    // dispatcher offered, already filling with this epoch.
+    class Reading {
+     public:
+      void Set(std::shared_ptr<Channel> channel) {
+        std::lock_guard<std::mutex> lock(mu_);
+        channel_ = std::move(channel);
+        if (cancelled_) channel_->Cancel();
+      }
+      void Cancel() {
+        std::lock_guard<std::mutex> lock(mu_);
+        cancelled_ = true;
+        if (channel_) channel_->Cancel();
+      }
+
+     private:
+      std::mutex mu_;
+      std::shared_ptr<Channel> channel_;  // Guarded by mu_.
+      bool cancelled_ = false;            // Guarded by mu_.
+    };
+
+    const std::shared_ptr<Reading> reading_;
     std::function<void()> deregister_fn_;
     bool deterministic_ = true;
     tensorflow::mutex mu_;
-    bool requested_ TF_GUARDED_BY(mu_) = false;
+    // Null until the first GetNext asks for the epoch.
+    std::shared_ptr<Channel> channel_ TF_GUARDED_BY(mu_);
     bool exhausted_ TF_GUARDED_BY(mu_) = false;
     int64_t position_ TF_GUARDED_BY(mu_) = 0;
   };

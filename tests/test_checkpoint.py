@@ -75,6 +75,18 @@ def test_exhausted_iterator_restores_exhausted(refs, tmp_path):
     assert _restore(tfray.Dataset.from_refs(refs), path) == []
 
 
+def test_restore_replays_from_its_position_not_an_epoch_offered_ahead(refs, tmp_path):
+    # A dataset read twice has its next epoch started ahead; a restored
+    # iterator must not take it, as it starts at the beginning.
+    path = str(tmp_path / "ckpt")
+    ds = tfray.Dataset.from_refs(refs)
+    assert _ids(_save_after(ds, 4, path)) == list(range(4))
+    for _ in range(2):  # The second full epoch's end offers the next.
+        assert _ids(list(ds)) == list(range(N))
+    assert _ids(_restore(ds, path)) == list(range(4, N))
+    assert _ids(list(ds)) == list(range(N))  # The offer, still there.
+
+
 def test_restore_into_a_different_dataset_is_refused(refs, tmp_path):
     path = str(tmp_path / "ckpt")
     _save_after(tfray.Dataset.from_refs(refs), 2, path)

@@ -3,8 +3,9 @@
 The test holds the GIL in the main thread for several seconds (a C call made
 through ctypes.PyDLL keeps it) while a graph-mode consumer, started just
 before, drains batches already resolved into the channel: GetNext, tensor
-release, and iterator creation and destruction all happen inside the hold.
-If any of them needed the GIL, the consumer would finish after the hold.
+release, and a new iterator's creation, first GetNext (of an epoch offered
+ahead) and destruction all happen inside the hold. If any of them needed
+the GIL, the consumer would finish after the hold.
 """
 
 import ctypes
@@ -36,27 +37,38 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
     """Graph-mode GetNext, tensor release, iterator creation and destruction."""
     refs = [ray.put(np.full((SIDE, SIDE), i, np.float32)) for i in range(N)]
     ds = tfray.Dataset(refs, max_inflight=N)  # The channel can hold the epoch.
-    other = tfray.Dataset(refs[:1])
     iterator = iter(without_prefetch(ds))
-    wait_until(lambda: ds.stats() and ds.stats()[-1].queued == N)  # Everything is resolved.
+    first = next(iterator)  # Asks for the epoch, outside the hold.
+    wait_until(lambda: ds.stats()[-1].queued == N - 1)  # The rest is resolved.
+    # A source read twice has its next epoch started ahead and offered to
+    # its next iterator (internal state, read only to know it is ready).
+    other = tfray.Dataset(refs[:1], max_inflight=1)
+    for _ in range(2):
+        assert len(list(other)) == 1
+    wait_until(lambda: other._source._offered is not None and other._source._offered.channel.stats()["queued"] == 1)
 
     @tf.function
     def consume(it):
-        total = tf.constant(0.0)
-        for _ in tf.range(N):  # No prefetch after the source.
+        total = tf.reduce_sum(first) * 0.0  # Batch 0 was read above.
+        for _ in tf.range(N - 1):  # No prefetch after the source.
             m = next(it)
             # Some GIL-free work per batch, so the drain outlasts the start
             # of the hold and tensors are released during it.
             for _ in tf.range(WORK):
                 total += tf.reduce_sum(tf.matmul(m, m)) / SIDE**3
         with tf.control_dependencies([total]):
-            # Creates (and, when the function returns, destroys) an iterator.
+            # Creates an iterator, reads the epoch offered to it, and (when
+            # the function returns) destroys it.
             handle = tf.raw_ops.AnonymousIteratorV3(
                 output_types=[tf.float32], output_shapes=[[None, SIDE]]
             )
             made = tf.raw_ops.MakeIterator(dataset=other._variant_tensor, iterator=handle)
         with tf.control_dependencies([made]):
-            return total, tf.timestamp()
+            (batch,) = tf.raw_ops.IteratorGetNext(
+                iterator=handle, output_types=[tf.float32], output_shapes=[[None, SIDE]]
+            )
+        with tf.control_dependencies([batch]):
+            return total + tf.reduce_sum(batch), tf.timestamp()
 
     concrete = consume.get_concrete_function(iterator)  # Trace outside the hold.
     result = {}
@@ -65,7 +77,7 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
     # A tight poll (wait_until collects garbage between polls, which takes
     # longer than the drain): the hold must start while the consumer works.
     deadline = time.monotonic() + 60
-    while ds.stats()[-1].get_next_calls < 1:
+    while ds.stats()[-1].get_next_calls < 2:
         assert time.monotonic() < deadline, "the consumer never started"
     consumed_before = ds.stats()[-1].batches
     start = time.time()
@@ -75,14 +87,15 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
 
     assert not consumer.is_alive()
     total, finished_at = (t.numpy() for t in result["out"])
-    # Batch i is all i, so each matmul's sum over SIDE**3 is i * i.
+    # Batch i is all i, so each matmul's sum over SIDE**3 is i * i; the
+    # other dataset's batch is all 0.
     assert total == pytest.approx(WORK * sum(i * i for i in range(N)), rel=1e-5)
     assert consumed_before < N, "inconclusive: the drain ended before the hold"
     assert start < finished_at < end, (
         f"the consumer finished {finished_at - start:.2f} s after the hold "
         f"began, which lasted {end - start:.2f} s"
     )
-    # The iterator made inside the hold asked for an epoch and was dropped.
-    wait_until(lambda: other.stats() and other.stats()[-1].cancelled)
+    # The iterator made inside the hold read the offered epoch, and was dropped.
+    wait_until(lambda: len(other.stats()) == 3 and other.stats()[-1].batches == 1)
     del iterator
     wait_until(lambda: ds.stats()[-1].cancelled)

@@ -453,6 +453,45 @@ void TestSourceRegistry() {
   CHECK(registry.WaitRequests(0).empty());
 }
 
+// An epoch offered ahead goes to the next request without skip, once; the
+// dispatcher hears it was taken; unregistering cancels an untaken offer.
+void TestOfferedEpochs() {
+  SourceRegistry& registry = SourceRegistry::Global();
+  registry.WaitRequests(0);
+  constexpr int64_t kKey = 2001;
+  auto offered = std::make_shared<Channel>(2);
+  CHECK(!registry.OfferEpoch(kKey, offered));  // Not registered.
+  CHECK(offered.use_count() == 1);
+  registry.Register(kKey, {/*cardinality=*/5, /*capacity=*/2});
+  CHECK(registry.OfferEpoch(kKey, offered));
+  CHECK(!registry.OfferEpoch(kKey, std::make_shared<Channel>(2)));  // One at a time.
+
+  // A restore (skip > 0) must replay from its position: not the offer.
+  auto own = std::make_shared<Channel>(2);
+  std::shared_ptr<Channel> reads;
+  CHECK(registry.RequestEpoch({kKey, own, true, /*skip=*/3}, &reads));
+  CHECK(reads == own);
+  auto requests = registry.WaitRequests(0);
+  CHECK(requests.size() == 1 && !requests[0].offered && requests[0].skip == 3);
+
+  auto next = std::make_shared<Channel>(2);
+  CHECK(registry.RequestEpoch({kKey, next}, &reads));
+  CHECK(reads == offered);
+  requests = registry.WaitRequests(0);
+  CHECK(requests.size() == 1 && requests[0].offered);
+  CHECK(requests[0].channel == offered);
+  requests.clear();
+  CHECK(registry.RequestEpoch({kKey, next}, &reads));
+  CHECK(reads == next);  // Taken once only.
+  CHECK(registry.WaitRequests(0).size() == 1);
+
+  auto untaken = std::make_shared<Channel>(2);
+  CHECK(registry.OfferEpoch(kKey, untaken));
+  registry.Unregister(kKey);
+  CHECK(untaken->Stats().cancelled);  // Its feeder stops.
+  CHECK(untaken.use_count() == 1);
+}
+
 }  // namespace
 }  // namespace tfray
 
@@ -463,6 +502,7 @@ int main() {
   };
   const TestCase kTests[] = {
       {"FifoAndCloseDrains", tfray::TestFifoAndCloseDrains},
+      {"OfferedEpochs", tfray::TestOfferedEpochs},
       {"CloseWakesBlockedConsumer", tfray::TestCloseWakesBlockedConsumer},
       {"BoundedCapacityBlocksProducer",
        tfray::TestBoundedCapacityBlocksProducer},

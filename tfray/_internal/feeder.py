@@ -7,6 +7,7 @@ bounded, so a slow consumer blocks the feeder, which then stops asking its
 stream (and so Ray) for more.
 """
 
+import logging
 import queue
 import threading
 
@@ -14,6 +15,8 @@ import numpy as np
 
 from tfray._internal import pins
 from tfray._internal.status import BatchError, Code, EpochError
+
+logger = logging.getLogger("tfray")
 
 # How long a wait may block before the feeder checks for cancellation.
 _POLL_S = 0.1
@@ -81,10 +84,13 @@ class Feeder:
         flat_spec: the source's FlatSpec.
         channel: the native channel of the TF iterator this epoch serves.
         alignment: the byte alignment TF tensors need.
+        on_end: called (on the feeder's thread) once every batch of the
+            epoch is in the channel, unless the epoch was cancelled.
     """
 
-    def __init__(self, stream, flat_spec, channel, *, alignment):
+    def __init__(self, stream, flat_spec, channel, *, alignment, on_end=None):
         self.done = threading.Event()
+        self._on_end = on_end
         self._stream = stream
         self._spec = flat_spec
         self._channel = channel
@@ -97,8 +103,9 @@ class Feeder:
         return self._channel
 
     def run(self):
+        ended = False
         try:
-            self._feed()
+            ended = self._feed()
         except EpochError as e:
             self._push_error(e)
         except Exception as e:  # A feeder must never die silently.
@@ -115,8 +122,14 @@ class Feeder:
                 with _live_lock:
                     _live.discard(self)
                 self.done.set()
+        if ended and self._on_end is not None:
+            try:
+                self._on_end()
+            except Exception:  # Only an optimisation: never fail the epoch for it.
+                logger.exception("tfray: the end-of-epoch hook failed")
 
     def _feed(self):
+        """Feeds the epoch; True if it reached the end, False if cancelled."""
         lookahead = getattr(self._stream, "lookahead", None)
         if lookahead is None or not lookahead.adaptive:
             lookahead = None  # Fixed: the channel's capacity already says it.
@@ -126,9 +139,9 @@ class Feeder:
             items = self._stream.next_ready(_POLL_S)
             self.refs_in_flight = self._stream.in_flight
             if items is None:
-                return
+                return True  # Every batch is in the channel.
             if items and not self._deliver(items, lookahead):
-                return
+                return False
             if lookahead is not None:
                 limit = lookahead.update(self._channel.stats()["consumer_wait_s"])
                 if limit != self.lookahead:

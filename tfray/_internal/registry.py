@@ -7,6 +7,7 @@ takes the request and starts a feeder on it.
 """
 
 import atexit
+import functools
 import itertools
 import logging
 import threading
@@ -53,15 +54,20 @@ def _ensure_dispatcher():
 def _dispatch():
     lib = native.load().lib
     while not _stop.is_set():
-        for key, channel, deterministic, skip in lib.wait_requests(0.2):  # Without the GIL.
-            _start_epoch(key, channel, deterministic, skip)
+        for key, channel, deterministic, skip, offered in lib.wait_requests(0.2):  # Without the GIL.
+            _start_epoch(key, channel, deterministic, skip, offered)
 
 
-def _start_epoch(key, channel, deterministic, skip):
+def _start_epoch(key, channel, deterministic, skip, offered):
     # A function of its own so that no frame keeps the source alive while
     # the dispatcher waits: a collected dataset must free its refs.
     with _lock:
         source = _sources.get(key)
+    if offered:  # An iterator took the epoch offered to it: its feeder runs.
+        if source is not None:
+            source.epochs += 1
+            source.take_offered()
+        return
     if source is None:
         channel.push_error(
             int(Code.NOT_FOUND),
@@ -85,9 +91,42 @@ def _start_epoch(key, channel, deterministic, skip):
         source.flat_spec,
         channel,
         alignment=native.load().lib.TENSOR_ALIGNMENT,
+        on_end=functools.partial(_offer_next_epoch, key),
     )
+    source.epochs += 1
     source.record(feeder)
     start_feeder(feeder)
+
+
+def _offer_next_epoch(key):
+    """Starts the next epoch of a source that replays, as the last one ends.
+
+    Its feeder resolves the first window into a channel the native registry
+    offers to the source's next iterator, which then finds batches queued with
+    no Python (so no GIL) between it and them: a new epoch no longer waits for
+    the dispatcher and a feeder thread to get the GIL, which a busy Python
+    thread in the trainer can make slow. Only for a source read more than
+    once; the offer pins that window (within the look-ahead's bounds) until
+    an iterator takes it or the dataset is collected.
+    """
+    with _lock:
+        source = _sources.get(key)
+    if source is None or not source.replays or source.epochs < 2 or source.has_offer():
+        return
+    lib = native.load().lib
+    channel = lib.Channel(source.capacity)
+    stream = source.open_epoch(deterministic=True)
+    feeder = Feeder(
+        stream,
+        source.flat_spec,
+        channel,
+        alignment=lib.TENSOR_ALIGNMENT,
+        on_end=functools.partial(_offer_next_epoch, key),
+    )
+    if source.offer(feeder, lambda: lib.offer_epoch(key, channel)):
+        start_feeder(feeder)
+    else:  # Another epoch's end offered first, or the source is gone.
+        stream.close()
 
 
 @atexit.register

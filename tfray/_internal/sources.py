@@ -12,6 +12,7 @@ its CPU from every other dataset's producers).
 import collections
 import itertools
 import logging
+import threading
 
 import ray
 
@@ -48,13 +49,17 @@ class Source:
     """What every source has: a spec, a bound, and its recent epochs' feeders."""
 
     cardinality = UNKNOWN_CARDINALITY
+    replays = False  # Every epoch has the same batches: the next may start early.
 
     def __init__(self, element_spec, capacity, prestarted=None):
         self._element_spec = element_spec  # None: learned on first use.
         self._flat_spec = None
         self.capacity = capacity  # Batches each epoch's channel holds.
-        self._feeders = collections.deque(maxlen=256)  # For stats().
+        self.epochs = 0  # Epochs started; the dispatcher's alone.
         self._prestarted = prestarted  # An epoch started to learn the spec.
+        self._lock = threading.Lock()
+        self._feeders = collections.deque(maxlen=256)  # For stats(); guarded by _lock.
+        self._offered = None  # The feeder of an epoch offered ahead; guarded by _lock.
 
     @property
     def element_spec(self):
@@ -104,13 +109,44 @@ class Source:
         return stream
 
     def record(self, feeder):
-        self._feeders.append(feeder)
+        with self._lock:
+            self._feeders.append(feeder)
+
+    def has_offer(self):
+        with self._lock:
+            return self._offered is not None
+
+    def offer(self, feeder, publish):
+        """Offers the epoch ``feeder`` fills to the next iterator, via ``publish()``.
+
+        False if there is an offer already or ``publish()`` fails. Under the
+        lock, so the dispatcher cannot see the offer taken before it is kept.
+        """
+        with self._lock:
+            if self._offered is not None or not publish():
+                return False
+            self._offered = feeder
+            return True
+
+    def take_offered(self):
+        """An iterator took the offered epoch: it counts from now on."""
+        with self._lock:
+            feeder, self._offered = self._offered, None
+            if feeder is not None:
+                self._feeders.append(feeder)
 
     def feeders(self):
-        return list(self._feeders)
+        with self._lock:
+            feeders, offered = list(self._feeders), self._offered
+        # An offer taken, but not yet known to the dispatcher, is an epoch too.
+        if offered is not None and offered.channel.stats()["get_next_calls"]:
+            feeders.append(offered)
+        return feeders
 
     def close(self):
         """Stops a started epoch no iterator took (the dataset is gone)."""
+        with self._lock:
+            self._offered = None  # Unregistering cancelled its channel.
         stream = self.take_prestarted()
         if stream is not None:
             stream.close()
@@ -128,6 +164,7 @@ class RefsSource(Source):
             refs = [refs]
         if isinstance(refs, (list, tuple)):
             self._refs, self._iterator = list(refs), None
+            self.replays = True
             self.cardinality = len(self._refs)
             first = self._refs[0] if self._refs else None
         else:
