@@ -33,10 +33,8 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-
-import numpy as np  # noqa: E402
-import ray  # noqa: E402
+import numpy as np
+import ray
 
 NAMESPACE = "tfray-multi-worker"
 LEDGER = "tfray-multi-worker-ledger"
@@ -179,6 +177,8 @@ def run_workers(argv, num_workers, *, timeout, log_dir):
 def train(address):
     """One worker: fit for EPOCHS on its share; the chief then checks the run."""
     ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+    # Set here, not at import: the tests import this module.
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
 
     # The strategy must exist before the first TF op of the program.

@@ -70,6 +70,7 @@ def run_loop(config, dataset, log):
     step = tf.Variable(0, dtype=tf.int64)
     checkpoint = tf.train.Checkpoint(model=m, optimizer=optimizer, iterator=iterator, step=step)
     manager = tf.train.CheckpointManager(checkpoint, config["ckpt_dir"], max_to_keep=1)
+    optimizer.build(m.trainable_variables)  # Its variables exist to restore into.
     if manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint).assert_consumed()
         log({"event": "restored", "step": int(step.numpy())})
