@@ -200,3 +200,14 @@ def test_the_valid_calls_behind_these_cases_work(env):
     stats = env.ds.stats()
     assert all(isinstance(s, tfray.IteratorStats) for s in stats)
     assert tfray.IteratorStats(*[0] * 14).verdict().startswith("idle")
+
+
+def test_counts_take_numpy_ints(env):
+    """Counts given as numpy ints (e.g. from a config array) work like ints."""
+    assert len(list(D(env.refs, max_inflight=np.int32(2)))) == 3
+
+    def local_gen(shard):  # Nested: pickled by value.
+        yield np.ones((2, 3), np.float32)
+
+    ds = D.from_generators(local_gen, np.int64(2), max_inflight_per_producer=np.int64(1), element_spec=SPEC)
+    assert len(list(ds)) == 2

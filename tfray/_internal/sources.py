@@ -12,6 +12,7 @@ its CPU from every other dataset's producers).
 import collections
 import itertools
 import logging
+import numbers
 import threading
 
 import ray
@@ -38,11 +39,12 @@ def ensure_ray():
 
 
 def positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int):
+    """``value`` as an int >= 1 (numpy ints too), or a TypeError / ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
     if value < 1:
         raise ValueError(f"{name}: expected >= 1, got {value}")
-    return value
+    return int(value)
 
 
 class Source:
