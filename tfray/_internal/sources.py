@@ -257,11 +257,13 @@ class GeneratorSource(Source):
     ):
         if not callable(fn):
             raise TypeError(f"from_generators: fn must be callable, got {type(fn).__name__}")
-        if isinstance(shards, bool) or not isinstance(shards, (int, list, tuple)):
+        if isinstance(shards, bool) or not isinstance(shards, (numbers.Integral, list, tuple)):
             raise TypeError(
                 f"from_generators: shards must be an int or a list, got {type(shards).__name__}"
             )
-        self._shards = list(range(positive_int("shards", shards))) if isinstance(shards, int) else list(shards)
+        if isinstance(shards, numbers.Integral):
+            shards = range(positive_int("shards", shards))
+        self._shards = list(shards)
         if not self._shards:
             raise ValueError("from_generators: shards is empty")
         if deterministic not in (None, True, False):
