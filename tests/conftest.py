@@ -1,5 +1,6 @@
 """Shared fixtures: one small local Ray per test module, and polling helpers."""
 
+import contextlib
 import gc
 import os
 import time
@@ -79,3 +80,29 @@ def store_stats():
 def store_bytes_used():
     """Bytes in this node's object store (what pins and refs keep there)."""
     return store_stats().object_store_bytes_used
+
+
+@contextlib.contextmanager
+def two_node_cluster(store_bytes, producer_resource):
+    """A head node (the driver's) and a producer node, 1 CPU each, own stores.
+
+    Only the producer node has ``producer_resource`` (4 of it), so tasks that
+    ask for it run there and their batches must cross to the driver's node.
+    Yields ``(cluster, producer_node)``.
+    """
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster()
+    try:
+        cluster.add_node(num_cpus=1, object_store_memory=store_bytes, include_dashboard=False)
+        producer = cluster.add_node(
+            num_cpus=1, object_store_memory=store_bytes, resources={producer_resource: 4}
+        )
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        yield cluster, producer
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import ray
 import tensorflow as tf
-from ray.cluster_utils import Cluster
 
 import tfray
+from conftest import two_node_cluster
 from dlpack_util import data_pointer
 
 pytestmark = pytest.mark.timeout(180, method="thread")  # A hang may sit in native code.
@@ -26,18 +26,8 @@ SHAPE = (256, 256)  # 256 KB of float32: above Ray's inline limit, so in plasma.
 @pytest.fixture(scope="module")
 def cluster():
     """A head node (the driver's) and a producer node, 1 CPU each."""
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster()
-    try:
-        cluster.add_node(num_cpus=1, object_store_memory=STORE_BYTES, include_dashboard=False)
-        cluster.add_node(num_cpus=1, object_store_memory=STORE_BYTES, resources={PRODUCER: 4})
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    with two_node_cluster(STORE_BYTES, PRODUCER) as (cluster, _):
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def _node_ids(cluster):

@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 import ray
 import tensorflow as tf
-from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import tfray
-from conftest import without_prefetch
+from conftest import two_node_cluster, without_prefetch
 
 pytestmark = pytest.mark.timeout(240, method="thread")  # A hang may sit in native code.
 
@@ -28,18 +27,8 @@ N = 8
 @pytest.fixture
 def cluster():
     """A head node (the driver's, no producer resource) and one producer node."""
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster()
-    try:
-        cluster.add_node(num_cpus=1, object_store_memory=STORE_BYTES, include_dashboard=False)
-        producer = cluster.add_node(num_cpus=1, object_store_memory=STORE_BYTES, resources={PRODUCER: 4})
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        yield cluster, producer
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    with two_node_cluster(STORE_BYTES, PRODUCER) as pair:
+        yield pair
 
 
 def _check(batch, i):
