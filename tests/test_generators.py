@@ -123,8 +123,14 @@ def test_backpressure_bounds_the_store_while_the_consumer_sleeps():
         for i in range(batches):
             yield np.full(MB // 8, shard * 100 + i, np.float64)  # 1 MB
 
+    # With the spec given, no producer runs to learn it: the store holds
+    # this epoch's batches alone.
     ds = tfray.Dataset.from_generators(
-        gen, shards, max_inflight_per_producer=per_producer, deterministic=True
+        gen,
+        shards,
+        max_inflight_per_producer=per_producer,
+        deterministic=True,
+        element_spec=tf.TensorSpec([None], tf.float64),
     )
     it = iter(without_prefetch(ds))
     next(it)

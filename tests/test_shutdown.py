@@ -31,6 +31,29 @@ def test_ray_shutdown_mid_epoch_is_a_clear_error(fresh_ray):
     assert not ray.is_initialized()  # tfray did not start a new Ray.
 
 
+def test_ray_shutdown_under_running_producers_is_a_clear_error(fresh_ray):
+    """Producers die with Ray: Unavailable, and stopping them starts no new Ray."""
+
+    def endless(shard):
+        import numpy as np
+
+        i = 0
+        while True:
+            yield np.full((64, 64), shard * 1000 + i, np.float32)
+            i += 1
+
+    ds = tfray.Dataset.from_generators(endless, 2, element_spec=tf.TensorSpec([None, 64], tf.float32))
+    it = iter(ds)
+    next(it)
+    ray.shutdown()
+    with pytest.raises(tf.errors.UnavailableError, match="Ray was shut down"):
+        for _ in range(1000):
+            next(it)
+    del it
+    wait_until(lambda: ds.stats()[-1].finished)
+    assert not ray.is_initialized()  # Closing the producers did not start a Ray.
+
+
 def test_tfray_starts_a_local_ray_and_says_so(caplog):
     """With no Ray running, building a dataset starts one and logs it."""
     if ray.is_initialized():

@@ -12,16 +12,33 @@ paused by backpressure.
 """
 
 import functools
+import time
 
 import ray
 from ray import cloudpickle
 
-from tfray._internal import producer
+from tfray._internal import producer, ray_errors
 
 # By value: by reference, every producer process would import tfray and
 # TensorFlow (seconds and hundreds of MB each) just to find this function.
 cloudpickle.register_pickle_by_value(producer)
 _remote_run_shard = ray.remote(producer.run_shard)
+
+
+# How _next_ready's polls back off.
+_FIRST_PAUSE_S = 0.0005
+_LAST_PAUSE_S = 0.01
+
+
+def _check_ray():
+    """Raises the shutdown error once Ray is down.
+
+    A streaming generator touched after ``ray.shutdown()`` makes Ray's core
+    worker end the process, so every call on one checks first (ray.shutdown
+    marks Ray down before it stops the core worker).
+    """
+    if not ray_errors.ray_running():
+        raise ray_errors.shutdown_error()
 
 
 def stable_name(fn):
@@ -87,6 +104,7 @@ class GeneratorShards:
             if position is None:
                 break
             shard, generator = self._running[position]
+            _check_ray()
             try:
                 ref = next(generator)
             except StopIteration:
@@ -100,7 +118,10 @@ class GeneratorShards:
         return out
 
     def close(self):
-        for _, generator in self._running:
+        # After ray.shutdown() the producers are gone with Ray, and a Ray call
+        # here would start a new local Ray.
+        running = self._running if ray.is_initialized() else []
+        for _, generator in running:
             # Cancelling a task that is completing can crash this process
             # (Ray's "Tried to complete task that was not pending" check);
             # one that has completed needs no cancel.
@@ -128,11 +149,27 @@ class GeneratorShards:
         self._turn = self._turn % len(self._running) if self._running else 0
 
     def _next_ready(self, timeout):
-        """The position of a running shard whose next ref (or end) is ready."""
-        if self.deterministic:
-            _, generator = self._running[self._turn]
-            ready, _ = ray.wait([generator], num_returns=1, timeout=timeout)
-            return self._turn if ready else None
-        generators = [g for _, g in self._running]
-        ready, _ = ray.wait(generators, num_returns=1, timeout=timeout)
-        return generators.index(ready[0]) if ready else None
+        """The position of a running shard whose next ref (or end) is ready.
+
+        Polls rather than blocks in ``ray.wait``: a wait on a streaming
+        generator that ``ray.shutdown()`` overtakes makes Ray's core worker end
+        the process. A poll checks that Ray is up first; it backs off from
+        0.5 ms to 10 ms while producers are slow (latency only: they produce
+        ahead meanwhile, up to their backpressure).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = _FIRST_PAUSE_S
+        while True:
+            _check_ray()
+            if self.deterministic:
+                generators = [self._running[self._turn][1]]
+            else:
+                generators = [g for _, g in self._running]
+            ready, _ = ray.wait(generators, num_returns=1, timeout=0)
+            if ready:
+                return self._turn if self.deterministic else generators.index(ready[0])
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(2 * pause, _LAST_PAUSE_S)
