@@ -24,6 +24,7 @@ _POLL_S = 0.1
 _live_lock = threading.Lock()
 _live = set()  # Running feeders; guarded by _live_lock.
 _idle = 0  # Pool threads waiting for a feeder to run; guarded by _live_lock.
+_stopped = False  # Set by stop_all at exit; guarded by _live_lock.
 _jobs = queue.SimpleQueue()
 
 
@@ -35,6 +36,9 @@ def start(feeder):
     """
     global _idle
     with _live_lock:
+        if _stopped:  # Exiting: its thread could not finish before finalization.
+            feeder.channel.cancel()
+            return
         _live.add(feeder)
         spawn = _idle == 0
         if not spawn:
@@ -56,8 +60,10 @@ def _work():
 
 
 def stop_all(timeout):
-    """Cancels every running feeder's channel and waits for the feeders."""
+    """Cancels every running feeder's channel, waits for them, and starts no more."""
+    global _stopped
     with _live_lock:
+        _stopped = True
         feeders = list(_live)
     for feeder in feeders:
         feeder.channel.cancel()
