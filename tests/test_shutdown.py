@@ -1,6 +1,9 @@
 """Ray going away under a live iterator, and tfray starting Ray when needed."""
 
 import logging
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -67,3 +70,22 @@ def test_tfray_starts_a_local_ray_and_says_so(caplog):
         assert list(ds) == []
     finally:
         ray.shutdown()
+
+
+def test_a_program_exits_cleanly_with_an_epoch_offered_ahead(tmp_path):
+    """Exiting while a feeder fills an epoch offered ahead: exit status 0.
+
+    tfray's threads must leave their native waits before the interpreter
+    finalizes (a thread that retakes the GIL then aborts the process).
+    """
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np, ray, tfray
+        ray.init(num_cpus=1, object_store_memory=80 * 2**20, include_dashboard=False)
+        ds = tfray.Dataset([ray.put(np.full((256, 256), i, np.float32)) for i in range(8)])
+        for _ in range(3):
+            assert len(list(ds)) == 8
+        print("done")
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-3000:]
