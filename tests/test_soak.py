@@ -124,8 +124,10 @@ class Soak:
         del it
 
     def settle(self):
-        # refs_ds's last epoch ran to its end, so its next one was started
-        # and offered ahead (pinned until taken): take it and drop it.
+        wait_until(lambda: all(s.finished for s in self.refs_ds.stats() + self.gen_ds.stats()))
+        # refs_ds's last epoch ran to its end, so (once its feeder finished)
+        # its next one was started and offered ahead, pinned until taken:
+        # take it and drop it.
         it = iter(self.refs_ds)
         next(it)
         del it

@@ -109,9 +109,19 @@ class Feeder:
         return self._channel
 
     def run(self):
-        ended = False
         try:
-            ended = self._feed()
+            if self._run() and self._on_end is not None:
+                try:
+                    self._on_end()
+                except Exception:  # Only an optimisation: never fail the epoch for it.
+                    logger.exception("tfray: the end-of-epoch hook failed")
+        finally:
+            self.done.set()  # After on_end: a finished epoch has made its offer.
+
+    def _run(self):
+        """Feeds the epoch and releases it; True if it reached the end."""
+        try:
+            return self._feed()
         except EpochError as e:
             self._push_error(e)
         except Exception as e:  # A feeder must never die silently.
@@ -127,12 +137,7 @@ class Feeder:
                 self._channel.close()
                 with _live_lock:
                     _live.discard(self)
-                self.done.set()
-        if ended and self._on_end is not None:
-            try:
-                self._on_end()
-            except Exception:  # Only an optimisation: never fail the epoch for it.
-                logger.exception("tfray: the end-of-epoch hook failed")
+        return False
 
     def _feed(self):
         """Feeds the epoch; True if it reached the end, False if cancelled."""

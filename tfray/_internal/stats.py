@@ -83,6 +83,6 @@ def of_feeder(feeder):
         lookahead=feeder.lookahead,
         queued=s["queued"],
         get_next_calls=s["get_next_calls"],
-        finished=s["closed"],
+        finished=feeder.done.is_set(),
         cancelled=s["cancelled"],
     )
