@@ -125,14 +125,19 @@ class Soak:
 
     def settle(self):
         wait_until(lambda: all(s.finished for s in self.refs_ds.stats() + self.gen_ds.stats()))
-        # refs_ds's last epoch ran to its end, so (once its feeder finished)
-        # its next one was started and offered ahead, pinned until taken:
-        # take it and drop it.
-        it = iter(self.refs_ds)
-        next(it)
-        del it
-        gc.collect()
-        wait_until(lambda: pins.count() == 0)
+        # An epoch of refs_ds that ran to its end started the next one ahead,
+        # pinned until an iterator takes it: take any such offer and drop it
+        # (again, if one was made meanwhile); a leaked pin never goes.
+        def released():
+            if pins.count() == 0:
+                return True
+            it = iter(self.refs_ds)
+            next(it)
+            del it
+            gc.collect()
+            return pins.count() == 0
+
+        wait_until(released)
         wait_until(lambda: all(s.finished for s in self.refs_ds.stats() + self.gen_ds.stats()))
         wait_until(lambda: ray.available_resources().get("CPU", 0) == 2)  # Producers done.
         # Frees reach the store's counters a little later; a leak never does.
