@@ -86,13 +86,7 @@ def _start_epoch(key, channel, deterministic, skip, offered):
         channel.push_error(int(Code.INTERNAL), f"tfray: starting an epoch failed: {e}")
         channel.close()
         return
-    feeder = Feeder(
-        stream,
-        source.flat_spec,
-        channel,
-        alignment=native.load().lib.TENSOR_ALIGNMENT,
-        on_end=functools.partial(_offer_next_epoch, key),
-    )
+    feeder = _feeder(key, source, stream, channel)
     source.epochs += 1
     source.record(feeder)
     start_feeder(feeder)
@@ -116,17 +110,22 @@ def _offer_next_epoch(key):
     lib = native.load().lib
     channel = lib.Channel(source.capacity)
     stream = source.open_epoch(deterministic=True)
-    feeder = Feeder(
-        stream,
-        source.flat_spec,
-        channel,
-        alignment=lib.TENSOR_ALIGNMENT,
-        on_end=functools.partial(_offer_next_epoch, key),
-    )
+    feeder = _feeder(key, source, stream, channel)
     if source.offer(feeder, lambda: lib.offer_epoch(key, channel)):
         start_feeder(feeder)
     else:  # Another epoch's end offered first, or the source is gone.
         stream.close()
+
+
+def _feeder(key, source, stream, channel):
+    """A feeder of ``stream`` into ``channel`` that, at the epoch's end, offers the next."""
+    return Feeder(
+        stream,
+        source.flat_spec,
+        channel,
+        alignment=native.load().lib.TENSOR_ALIGNMENT,
+        on_end=functools.partial(_offer_next_epoch, key),
+    )
 
 
 @atexit.register

@@ -53,12 +53,11 @@ class Source:
     cardinality = UNKNOWN_CARDINALITY
     replays = False  # Every epoch has the same batches: the next may start early.
 
-    def __init__(self, element_spec, capacity, prestarted=None):
+    def __init__(self, element_spec, capacity):
         self._element_spec = element_spec  # None: learned on first use.
         self._flat_spec = None
         self.capacity = capacity  # Batches each epoch's channel holds.
         self.epochs = 0  # Epochs started; the dispatcher's alone.
-        self._prestarted = prestarted  # An epoch started to learn the spec.
         self._lock = threading.Lock()
         self._feeders = collections.deque(maxlen=256)  # For stats(); guarded by _lock.
         self._offered = None  # The feeder of an epoch offered ahead; guarded by _lock.
@@ -106,10 +105,6 @@ class Source:
         """The look-ahead of a new epoch: fixed, at the channel's capacity."""
         return LookAhead(fixed=self.capacity)
 
-    def take_prestarted(self):
-        stream, self._prestarted = self._prestarted, None
-        return stream
-
     def record(self, feeder):
         with self._lock:
             self._feeders.append(feeder)
@@ -146,12 +141,9 @@ class Source:
         return feeders
 
     def close(self):
-        """Stops a started epoch no iterator took (the dataset is gone)."""
+        """Forgets an epoch no iterator took (the dataset is gone)."""
         with self._lock:
             self._offered = None  # Unregistering cancelled its channel.
-        stream = self.take_prestarted()
-        if stream is not None:
-            stream.close()
 
 
 class RefsSource(Source):
@@ -292,13 +284,17 @@ class GeneratorSource(Source):
 
     def unit_refs(self, unit):
         """The ref stream of work unit ``unit``: shard ``unit``'s producer."""
+        return self._producer(unit, self._per_producer)
+
+    def _producer(self, number, max_inflight):
+        """The ref stream of shard ``number`` alone."""
         return GeneratorShards(
             self._fn,
-            [self._shards[unit]],
-            max_inflight_per_producer=self._per_producer,
+            [self._shards[number]],
+            max_inflight_per_producer=max_inflight,
             ray_remote_args=self._ray_remote_args,
             concurrency=1,
-            shard_numbers=[unit],
+            shard_numbers=[number],
         )
 
     def shard(self, num_shards, index):
@@ -324,15 +320,8 @@ class GeneratorSource(Source):
         # Runs one producer at a time, only to its first batch, and stops it:
         # an epoch started here and left unread would hold its CPUs, and the
         # next dataset's producers (a validation set, say) could never start.
-        for number, shard in enumerate(self._shards):
-            stream = GeneratorShards(
-                self._fn,
-                [shard],
-                max_inflight_per_producer=1,
-                ray_remote_args=self._ray_remote_args,
-                concurrency=1,
-                shard_numbers=[number],
-            )
+        for number in range(len(self._shards)):
+            stream = self._producer(number, 1)
             try:
                 first = stream.take(1, timeout=None)
                 if first:
@@ -384,7 +373,8 @@ class RayDataSource(Source):
                 stream.close()
                 raise ValueError(f"from_ray_data: {error.message}")
             element_spec = spec.infer(element)
-        super().__init__(element_spec, capacity=capacity, prestarted=stream)
+        self._prestarted = stream  # The epoch started to learn the spec, for the first iterator.
+        super().__init__(element_spec, capacity=capacity)
 
     def _start(self):
         import ray.data
@@ -406,7 +396,7 @@ class RayDataSource(Source):
         return ray_data.IterBatches(self._data, elements, args)
 
     def open_epoch(self, *, deterministic, skip=0):
-        stream = self.take_prestarted() or self._start()
+        stream, self._prestarted = self._prestarted or self._start(), None
         if skip:
             if not ray_data.preserves_order(self._data, self._iter_batches_args):
                 resume.warn_inexact(
@@ -418,6 +408,12 @@ class RayDataSource(Source):
                 )
             stream = resume.SkippedItems(stream, skip)
         return stream
+
+    def close(self):
+        super().close()
+        stream, self._prestarted = self._prestarted, None
+        if stream is not None:
+            stream.close()  # Stops the execution started to learn the spec.
 
 
 def _names(columns):
