@@ -86,7 +86,9 @@ setup(
             "tfray._native",
             sources=[
                 "csrc/channel.cc",
+                "csrc/batch_buffer.cc",
                 "csrc/dataset_op.cc",
+                "csrc/inplace_ops.cc",
                 "csrc/ops.cc",
                 "csrc/bindings.cc",
             ],

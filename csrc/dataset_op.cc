@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "batch_buffer.h"
 #include "channel.h"
-#include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/dataset_options.pb.h"
 #include "tensorflow/core/framework/model.h"
@@ -42,31 +42,6 @@ using ::tensorflow::data::IteratorBase;
 using ::tensorflow::data::model::MakeSourceNode;
 
 namespace {
-
-// A tensor buffer over memory tfray does not own (Ray's object store, or a
-// numpy array kept alive by the feeder). Dropping it drops one reference to
-// the batch's release token; nothing here touches Python.
-class BatchBuffer : public TensorBuffer {
- public:
-  BatchBuffer(void* data, size_t size, std::shared_ptr<ReleaseToken> token)
-      : TensorBuffer(data), size_(size), token_(std::move(token)) {}
-
-  size_t size() const override { return size_; }
-  TensorBuffer* root_buffer() override { return this; }
-  void FillAllocationDescription(
-      tensorflow::AllocationDescription* proto) const override {
-    proto->set_requested_bytes(static_cast<int64_t>(size_));
-    proto->set_allocator_name("tfray");
-  }
-  // Ray's store is read-only shared memory. Reporting "not owned" makes
-  // Tensor::RefCountIsOne() false, so no kernel forwards this buffer to an
-  // output and writes into it in place.
-  bool OwnsMemory() const override { return false; }
-
- private:
-  const size_t size_;
-  const std::shared_ptr<ReleaseToken> token_;
-};
 
 absl::Status ToStatus(Code code, const std::string& message) {
   return absl::Status(static_cast<absl::StatusCode>(code), message);
@@ -303,9 +278,10 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
               "tfray: component ", i, " is not aligned to ",
               TFRAY_TENSOR_ALIGNMENT, " bytes"));
         }
-        tensorflow::core::RefCountPtr<TensorBuffer> buffer(new BatchBuffer(
-            const_cast<void*>(a.data), a.nbytes, batch.token));
-        out->emplace_back(dtype, std::move(shape), std::move(buffer));
+        // A buffer no kernel can forward to its output and write into.
+        out->emplace_back(
+            dtype, std::move(shape),
+            MakeBatchBuffer(const_cast<void*>(a.data), a.nbytes, batch.token));
       }
       return absl::OkStatus();
     }

@@ -39,3 +39,21 @@ def data_pointer(tensor):
     capsule = tf.experimental.dlpack.to_dlpack(tensor)
     dl = _DLTensor.from_address(_get_pointer(capsule, b"dltensor"))
     return dl.data + dl.byte_offset
+
+
+def object_store_ranges():
+    """The address ranges of this process's mappings of Ray's shared-memory store."""
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and "plasma" in fields[5] and fields[1].endswith("s"):
+                low, high = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((low, high))
+    return ranges
+
+
+def in_object_store(tensor):
+    """True if ``tensor``'s memory lies in Ray's shared-memory object store."""
+    address = data_pointer(tensor)
+    return any(low <= address < high for low, high in object_store_ranges())
