@@ -90,6 +90,15 @@ class Dataset(dataset_ops.DatasetSource):
         )
         super().__init__(variant)
 
+    def __reduce__(self):
+        raise TypeError(
+            "a tfray.Dataset cannot be pickled: it lives in the process that built it "
+            "(its graph names a source registered there, and its batches are pinned "
+            "there). Send what builds it instead (the refs, the generator function "
+            "and shards, or the Ray Data dataset) and call tfray.Dataset(...) in the "
+            "process that trains."
+        )
+
     @classmethod
     def from_refs(
         cls,

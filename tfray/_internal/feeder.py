@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-from tfray._internal import pins
+from tfray._internal import pins, ray_errors
 from tfray._internal.status import BatchError, Code, EpochError
 
 logger = logging.getLogger("tfray")
@@ -92,10 +92,12 @@ class Feeder:
         alignment: the byte alignment TF tensors need.
         on_end: called (on the feeder's thread) once every batch of the
             epoch is in the channel, unless the epoch was cancelled.
+        name: the dataset this epoch is of, for messages.
     """
 
-    def __init__(self, stream, flat_spec, channel, *, alignment, on_end=None):
+    def __init__(self, stream, flat_spec, channel, *, alignment, on_end=None, name="tfray.Dataset"):
         self.done = threading.Event()
+        self._name = name
         self._on_end = on_end
         self._stream = stream
         self._spec = flat_spec
@@ -123,6 +125,8 @@ class Feeder:
         try:
             return self._feed()
         except EpochError as e:
+            if not ray_errors.ray_running():  # Say which dataset lost its Ray.
+                e = ray_errors.shutdown_error(self._name)
             self._push_error(e)
         except Exception as e:  # A feeder must never die silently.
             self._push_error(

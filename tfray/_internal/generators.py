@@ -5,13 +5,22 @@ object store. Ray pauses a generator once ``max_inflight_per_producer`` of its
 batches wait unconsumed (``_generator_backpressure_num_objects``), so a slow
 trainer stalls the producers instead of filling the store.
 
-At most ``concurrency`` shards run at once, the rest start as running ones
-finish. Round-robin over more shards than the cluster can run would deadlock:
-the order would wait on a shard that cannot start while the running ones sit
-paused by backpressure.
+At most ``concurrency`` shards of an epoch run at once, the rest start as
+running ones finish. Round-robin over more shards than the cluster can run
+would deadlock: the order would wait on a shard that cannot start while the
+running ones sit paused by backpressure.
+
+Producers reserve no CPU from Ray (``num_cpus=0``): a producer paused by
+backpressure keeps its reservation, and epochs read in lockstep (zip, a
+validation set between training steps) would each wait for CPUs the other
+epoch's paused producers hold, forever. The ``num_cpus`` a user asks for
+sets instead how many of an epoch's producers run at once (the cluster's
+CPUs over it), and producers spread over the cluster's nodes as Ray Data's
+tasks do. Other resources (GPUs, custom ones) are reserved as asked.
 """
 
 import functools
+import inspect
 import time
 
 import ray
@@ -41,6 +50,31 @@ def _check_ray():
         raise ray_errors.shutdown_error()
 
 
+NOT_A_GENERATOR = (
+    "from_generators: fn must be a generator function (use `yield`), so that each "
+    "producer yields its shard's batches one at a time; {what}"
+)
+
+
+def check_generator_function(fn):
+    """Refuses a ``def`` that returns instead of yielding, at construction.
+
+    Its result would be iterated as if it were the batches (an array's rows,
+    a dict's keys). A lambda or a callable object may return a generator:
+    the producer checks what it returns (see producer.py).
+    """
+    inner = fn
+    while isinstance(inner, functools.partial):
+        inner = inner.func
+    inner = getattr(inner, "__func__", inner)  # A bound method's function.
+    if (
+        inspect.isfunction(inner)
+        and inner.__name__ != "<lambda>"
+        and not inspect.isgeneratorfunction(inner)
+    ):
+        raise TypeError(NOT_A_GENERATOR.format(what=f"{inner.__qualname__} returns instead."))
+
+
 def stable_name(fn):
     """A name for ``fn`` that is the same in every process, or None.
 
@@ -58,12 +92,22 @@ def stable_name(fn):
 
 
 def concurrency(num_shards, ray_remote_args):
-    """How many producers can run at once on this cluster's CPUs."""
+    """How many producers of one epoch run at once: the cluster's CPUs over each one's."""
     cpus = (ray_remote_args or {}).get("num_cpus", 1)
     if not cpus:
         return num_shards
     total = ray.cluster_resources().get("CPU", 1)
     return max(1, min(num_shards, int(total // cpus)))
+
+
+def producer_options(ray_remote_args, max_inflight_per_producer):
+    """The Ray task options of a producer (see the module's docstring)."""
+    options = dict(ray_remote_args or {})
+    options["num_cpus"] = 0
+    options.setdefault("scheduling_strategy", "SPREAD")
+    options["num_returns"] = "streaming"
+    options["_generator_backpressure_num_objects"] = max_inflight_per_producer
+    return options
 
 
 class GeneratorShards:
@@ -80,10 +124,9 @@ class GeneratorShards:
     def __init__(
         self, fn, shards, *, max_inflight_per_producer, ray_remote_args, concurrency, shard_numbers=None
     ):
-        options = dict(ray_remote_args or {})
-        options["num_returns"] = "streaming"
-        options["_generator_backpressure_num_objects"] = max_inflight_per_producer
-        self._runner = _remote_run_shard.options(**options)
+        self._runner = _remote_run_shard.options(
+            **producer_options(ray_remote_args, max_inflight_per_producer)
+        )
         self._fn = fn
         self._shards = list(shards)
         self._numbers = list(range(len(self._shards)) if shard_numbers is None else shard_numbers)

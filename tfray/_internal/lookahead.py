@@ -1,10 +1,11 @@
 """How far ahead of the consumer an iterator resolves batches.
 
-Fixed, or adaptive (the default for ``from_refs``): it starts small and
-doubles whenever TensorFlow had to wait on an empty channel, until the
-consumer stops waiting, a cap is reached, or the batches pinned ahead (in the
-resolver's window and in the channel, so twice the look-ahead) would pass
-the memory budget. A source's next epoch starts where its last one got to,
+Fixed, or adaptive (``from_refs`` by default, ``from_generators`` always):
+it starts small and doubles whenever TensorFlow had to wait on an empty
+channel, until the consumer stops waiting, a cap is reached, or the batches
+pinned ahead (in the resolver's window and in the channel, so twice the
+look-ahead) would pass the memory budget; it shrinks back within the budget
+once batches turn out bigger than it allows. A source's next epoch starts where its last one got to,
 so short epochs do not each start small again.
 """
 
@@ -23,11 +24,13 @@ class LookAhead:
             batches pinned ahead may take.
         start: with ``fixed=None``, the look-ahead to start from.
         on_change: with ``fixed=None``, called with each new limit.
+        cap: with ``fixed=None``, the most batches it may grow to.
     """
 
-    def __init__(self, fixed=None, budget_bytes=None, start=START, on_change=None):
+    def __init__(self, fixed=None, budget_bytes=None, start=START, on_change=None, cap=CAP):
         self.adaptive = fixed is None
         self.limit = start if self.adaptive else fixed
+        self._most = cap
         self._budget = budget_bytes
         self._on_change = on_change
         self._batch_bytes = 0.0  # Running mean of a batch's size.
@@ -42,13 +45,15 @@ class LookAhead:
         if not self.adaptive:
             return self.limit
         waited, self._waited = consumer_wait_s - self._waited, consumer_wait_s
-        if waited > _WAIT_S and self.limit < self._cap():
-            self.limit = min(self._cap(), self.limit * 2)
+        cap = self._cap()
+        limit = min(cap, self.limit * 2) if waited > _WAIT_S else min(cap, self.limit)
+        if limit != self.limit:
+            self.limit = limit
             if self._on_change is not None:
-                self._on_change(self.limit)
+                self._on_change(limit)
         return self.limit
 
     def _cap(self):
         if not self._budget or not self._batch_bytes:
-            return CAP
-        return max(1, min(CAP, int(self._budget // (2 * self._batch_bytes))))
+            return self._most
+        return max(1, min(self._most, int(self._budget // (2 * self._batch_bytes))))

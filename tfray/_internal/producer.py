@@ -6,4 +6,11 @@ producer process never imports tfray, and with it TensorFlow.
 
 
 def run_shard(fn, shard):
-    yield from fn(shard)
+    batches = fn(shard)
+    if not hasattr(batches, "__next__"):  # A function that returned a batch, or a list.
+        raise TypeError(
+            "from_generators: fn must be a generator function (use `yield`), so that "
+            f"each producer yields its shard's batches one at a time; fn({shard!r}) "
+            f"returned a {type(batches).__name__}."
+        )
+    yield from batches

@@ -14,12 +14,33 @@ def ray_running():
     return ray.is_initialized()
 
 
-def shutdown_error():
+def session():
+    """Which Ray session this process is in: its objects and tasks belong to it."""
+    context = ray.get_runtime_context()
+    return context.get_node_id(), context.get_job_id()
+
+
+# Refs and producers die with the Ray session that made them: a new
+# ray.init() cannot bring them back, so the advice is to rebuild.
+_REBUILD = (
+    "Its objects and producers went with that Ray session: after ray.init(), "
+    "build a new tfray.Dataset from new refs, producers or Ray Data dataset, "
+    "and iterate that."
+)
+
+
+def shutdown_error(where="this iterator", *, reading=True):
+    """The error of an epoch that finds Ray shut down; ``where`` names its dataset."""
+    when = "while it was reading" if reading else "before it started"
+    return EpochError(Code.UNAVAILABLE, f"tfray: {where}: Ray was shut down {when}. {_REBUILD}")
+
+
+def stale_session_error(where):
+    """The error of a new epoch of a dataset built before Ray was restarted."""
     return EpochError(
         Code.UNAVAILABLE,
-        "tfray: Ray was shut down while this iterator was reading. Call "
-        "ray.init() again (or let tfray start a local Ray) and create a new "
-        "iterator.",
+        f"tfray: {where}: this dataset was built in a Ray session that has since "
+        f"been shut down. {_REBUILD}",
     )
 
 

@@ -12,7 +12,7 @@ import itertools
 import logging
 import threading
 
-from tfray._internal import native, pins
+from tfray._internal import native, pins, ray_errors
 from tfray._internal.feeder import Feeder, start as start_feeder, stop_all as stop_feeders
 from tfray._internal.status import BatchError, Code
 
@@ -76,6 +76,7 @@ def _start_epoch(key, channel, deterministic, skip, offered):
         channel.close()
         return
     try:
+        _check_session(key, source)
         stream = source.open_epoch(deterministic=deterministic, skip=skip)
     except BatchError as e:
         channel.push_error(int(e.code), e.message)
@@ -90,6 +91,15 @@ def _start_epoch(key, channel, deterministic, skip, offered):
     source.epochs += 1
     source.record(feeder)
     start_feeder(feeder)
+
+
+def _check_session(key, source):
+    """Raises, for a new epoch, if the Ray that ``source`` was built in is gone."""
+    where = _describe(key, source)
+    if not ray_errors.ray_running():
+        raise ray_errors.shutdown_error(where, reading=False)
+    if ray_errors.session() != source.session:
+        raise ray_errors.stale_session_error(where)
 
 
 def _offer_next_epoch(key):
@@ -125,7 +135,12 @@ def _feeder(key, source, stream, channel):
         channel,
         alignment=native.load().lib.TENSOR_ALIGNMENT,
         on_end=functools.partial(_offer_next_epoch, key),
+        name=_describe(key, source),
     )
+
+
+def _describe(key, source):
+    return f"{source.kind} dataset (source {key})"
 
 
 @atexit.register

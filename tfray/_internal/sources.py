@@ -17,8 +17,13 @@ import threading
 
 import ray
 
-from tfray._internal import ray_data, resume, spec
-from tfray._internal.generators import GeneratorShards, concurrency, stable_name
+from tfray._internal import ray_data, ray_errors, resume, spec
+from tfray._internal.generators import (
+    GeneratorShards,
+    check_generator_function,
+    concurrency,
+    stable_name,
+)
 from tfray._internal.lookahead import START, LookAhead
 from tfray._internal.resolver import RefList, RefResolver
 from tfray._internal.status import BatchError, Code
@@ -52,8 +57,10 @@ class Source:
 
     cardinality = UNKNOWN_CARDINALITY
     replays = False  # Every epoch has the same batches: the next may start early.
+    kind = "tfray.Dataset"  # What the user built, for messages.
 
     def __init__(self, element_spec, capacity):
+        self.session = ray_errors.session()  # Its refs and producers live in this one.
         self._element_spec = element_spec  # None: learned on first use.
         self._flat_spec = None
         self.capacity = capacity  # Batches each epoch's channel holds.
@@ -148,6 +155,8 @@ class Source:
 
 class RefsSource(Source):
     """ObjectRefs: a sequence (replayable) or an iterator (read once)."""
+
+    kind = "from_refs"
 
     def __init__(self, refs, *, element_spec, max_inflight, max_inflight_bytes):
         self._options = dict(max_inflight=max_inflight, max_inflight_bytes=max_inflight_bytes)
@@ -244,11 +253,14 @@ def _prepend(first, iterator):
 class GeneratorSource(Source):
     """``fn(shard)`` generators, each run as a streaming Ray task per epoch."""
 
+    kind = "from_generators"
+
     def __init__(
         self, fn, shards, *, element_spec, max_inflight_per_producer, deterministic, ray_remote_args
     ):
         if not callable(fn):
             raise TypeError(f"from_generators: fn must be callable, got {type(fn).__name__}")
+        check_generator_function(fn)
         if isinstance(shards, bool) or not isinstance(shards, (numbers.Integral, list, tuple)):
             raise TypeError(
                 f"from_generators: shards must be an int or a list, got {type(shards).__name__}"
@@ -266,7 +278,9 @@ class GeneratorSource(Source):
         self._per_producer = positive_int("max_inflight_per_producer", max_inflight_per_producer)
         self._deterministic = deterministic
         self._ray_remote_args = ray_remote_args
-        self._window = self._per_producer * len(self._shards)
+        # The most batches resolved ahead: as many per running producer as
+        # each may have waiting in Ray.
+        self._window = self._per_producer * concurrency(len(self._shards), ray_remote_args)
         # Without element_spec, it is learned when first asked for: by then a
         # worker's share is known, and only the share's producers run.
         super().__init__(element_spec, capacity=self._window)
@@ -343,11 +357,19 @@ class GeneratorSource(Source):
             if not shards.deterministic:
                 resume.warn_inexact("from_generators", skip, "its shards interleave first-ready (deterministic=False)")
             shards = resume.SkippedRefs(shards, skip)
-        return RefResolver(shards, lookahead=LookAhead(fixed=self._window))
+        # Starts small and grows only while TF waits, within the window and
+        # a quarter of the store, as from_refs' does: what an epoch pins
+        # ahead stays bounded whatever the batches' size.
+        lookahead = LookAhead(
+            budget_bytes=_default_budget(), start=min(START, self._window), cap=self._window
+        )
+        return RefResolver(shards, lookahead=lookahead)
 
 
 class RayDataSource(Source):
     """A Ray Data Dataset or DataIterator, streamed once per epoch."""
+
+    kind = "from_ray_data"
 
     def __init__(
         self, data, *, element_spec, feature_columns, label_columns, capacity, iter_batches_args
