@@ -211,3 +211,32 @@ def test_counts_take_numpy_ints(env):
 
     ds = D.from_generators(local_gen, np.int64(2), max_inflight_per_producer=np.int64(1), element_spec=SPEC)
     assert len(list(ds)) == 2
+
+
+def test_a_function_that_returns_instead_of_yielding_is_refused():
+    """A ``def`` that returns a batch is refused at construction; a lambda at its first batch."""
+
+    def returns(shard):
+        return np.zeros((2, 3), np.float32)
+
+    with pytest.raises(TypeError, match=r"fn must be a generator function \(use `yield`\).*returns"):
+        tfray.Dataset.from_generators(returns, 2)
+    ds = tfray.Dataset.from_generators(
+        lambda shard: np.zeros((2, 3), np.float32), 2, element_spec=tf.TensorSpec([3], tf.float32)
+    )
+    with pytest.raises(tf.errors.UnknownError, match=r"generator function \(use `yield`\).*returned a ndarray"):
+        next(iter(ds))
+    # A lambda that returns a generator is fine.
+    ds = tfray.Dataset.from_generators(
+        lambda shard: (np.full(3, shard, np.float32) for _ in range(2)), 2, element_spec=tf.TensorSpec([3], tf.float32)
+    )
+    assert len(list(ds)) == 4
+
+
+def test_pickling_a_dataset_says_what_to_send_instead():
+    """``pickle.dumps(ds)`` is a TypeError that says a dataset lives in its process."""
+    import pickle
+
+    ds = tfray.Dataset([ray.put(np.zeros(3, np.float32))])
+    with pytest.raises(TypeError, match="lives in the process that built it.*Send what builds it"):
+        pickle.dumps(ds)

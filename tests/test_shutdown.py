@@ -97,3 +97,32 @@ def test_a_program_exits_cleanly_with_an_epoch_offered_ahead(tmp_path):
     """))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("kind", ["refs", "generators"])
+def test_new_iterators_after_a_shutdown_or_a_restart_are_unavailable(fresh_ray, kind):
+    """After ray.shutdown(), and after a new ray.init(), a new iterator is UnavailableError.
+
+    The message names the dataset and says to rebuild it: its refs and
+    producers went with the old Ray, so a new iterator over it cannot work.
+    """
+    if kind == "refs":
+        ds = tfray.Dataset([ray.put(np.zeros(4, np.float32))])
+    else:
+
+        def gen(shard):
+            yield np.zeros(4, np.float32)
+
+        ds = tfray.Dataset.from_generators(gen, 2, element_spec=tf.TensorSpec([4], tf.float32))
+    assert len(list(ds)) >= 1
+    ray.shutdown()
+    name = f"from_{kind} dataset"
+    with pytest.raises(tf.errors.UnavailableError, match=f"{name}.*shut down before it started.*build a new tfray.Dataset"):
+        next(iter(ds))
+    from conftest import start_ray
+
+    start_ray()
+    with pytest.raises(tf.errors.UnavailableError, match=f"{name}.*built in a Ray session that has since been shut down"):
+        next(iter(ds))
+    rebuilt = tfray.Dataset([ray.put(np.ones(4, np.float32))])  # What the message advises.
+    assert [t.numpy().tolist() for t in rebuilt] == [[1, 1, 1, 1]]
