@@ -144,35 +144,42 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
     absl::Status GetNextInternal(IteratorContext* ctx,
                                  std::vector<Tensor>* out_tensors,
                                  bool* end_of_sequence) override {
-      // One consumer at a time: the position must count items in the order
-      // they were handed out, and Save must not see a pop half done.
-      tensorflow::mutex_lock l(mu_);
-      if (exhausted_) {
-        *end_of_sequence = true;
-        return absl::OkStatus();
-      }
-      // Each iterator is one epoch. It is asked for at the first GetNext,
-      // not in Initialize, so a restored iterator asks for it from its
-      // saved position, and an iterator never read starts no producers.
-      if (channel_ == nullptr) {
-        SourceRegistry::Request request{
-            dataset()->key_,
-            std::make_shared<Channel>(dataset()->info_.capacity),
-            deterministic_, position_};
-        if (!SourceRegistry::Global().RequestEpoch(std::move(request),
-                                                   &channel_)) {
-          return NotRegistered();
+      std::shared_ptr<Channel> channel;
+      {
+        tensorflow::mutex_lock l(mu_);
+        if (exhausted_) {
+          *end_of_sequence = true;
+          return absl::OkStatus();
         }
-        reading_->Set(channel_);
+        // Each iterator is one epoch. It is asked for at the first GetNext,
+        // not in Initialize, so a restored iterator asks for it from its
+        // saved position, and an iterator never read starts no producers.
+        if (channel_ == nullptr) {
+          SourceRegistry::Request request{
+              dataset()->key_,
+              std::make_shared<Channel>(dataset()->info_.capacity),
+              deterministic_, position_};
+          if (!SourceRegistry::Global().RequestEpoch(std::move(request),
+                                                     &channel_)) {
+            return NotRegistered();
+          }
+          reading_->Set(channel_);
+        }
+        channel = channel_;
       }
+      // The wait holds no lock, so a checkpoint's Save need not wait for
+      // the next batch; and it is not work, for tf.data's autotune model.
       Batch batch;
       Code code = Code::kOk;
       std::string message;
       Channel::PopResult result;
       {
         tsl::profiler::TraceMe trace("TfrayWaitForBatch");
-        result = channel_->Pop(&batch, &code, &message);
+        RecordStop(ctx);
+        result = channel->Pop(&batch, &code, &message);
+        RecordStart(ctx);
       }
+      tensorflow::mutex_lock l(mu_);
       switch (result) {
         case Channel::PopResult::kEnd:
           exhausted_ = true;
@@ -186,6 +193,8 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
         case Channel::PopResult::kBatch:
           break;
       }
+      // Counted once handed out: a Save during the wait saves the position
+      // before this batch, which a restored iterator then delivers.
       ++position_;
       *end_of_sequence = false;
       return ToTensors(batch, out_tensors);

@@ -268,3 +268,52 @@ def test_killed_keras_fit_resumes_at_its_epoch(ray_session, tmp_path):
     # The restored weights carried on: the resumed run starts where the first left off.
     first_loss = [r["loss"] for r in first if r["event"] == "epoch_end"][0]
     assert ends[-1]["loss"] < first_loss
+
+
+def test_save_while_get_next_waits_for_a_batch(ray_session, tmp_path):
+    """A checkpoint taken while GetNext waits on an empty channel does not wait for it.
+
+    It saves the position before the awaited batch, which a restored iterator
+    then delivers first.
+    """
+    import threading
+    import time
+
+    @ray.remote(num_cpus=0)
+    class Gate:
+        def __init__(self):
+            self.open = False
+
+        def release(self):
+            self.open = True
+
+        def is_open(self):
+            return self.open
+
+    gate = Gate.remote()
+
+    def gen(shard):
+        yield {"id": np.full((4,), 0, np.int64)}
+        while not ray.get(gate.is_open.remote()):
+            time.sleep(0.05)
+        yield {"id": np.full((4,), 1, np.int64)}
+
+    spec = {"id": tf.TensorSpec([4], tf.int64)}
+    ds = without_prefetch(tfray.Dataset.from_generators(gen, 1, element_spec=spec))
+    it = iter(ds)
+    assert _ids([next(it)]) == [0]
+    waiting = threading.Thread(target=lambda: next(it), daemon=True)
+    waiting.start()
+    time.sleep(0.5)  # GetNext is now blocked on the empty channel.
+    assert waiting.is_alive()
+    path = str(tmp_path / "ckpt")
+    saved = threading.Thread(target=lambda: tf.train.Checkpoint(iterator=it).write(path), daemon=True)
+    saved.start()
+    saved.join(timeout=20)
+    blocked = saved.is_alive()
+    ray.get(gate.release.remote())
+    waiting.join(timeout=30)
+    assert not blocked, "Save waited for the blocked GetNext"
+    restored = iter(without_prefetch(tfray.Dataset.from_generators(gen, 1, element_spec=spec)))
+    tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
+    assert _ids(list(restored)) == [1]
