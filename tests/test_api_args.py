@@ -59,7 +59,7 @@ CASES = [
         TypeError,
         "options of Dataset.from_generators",
     ),
-    ("ray data, no batch_size", lambda e: D(e.rds), TypeError, "batch_size: required"),
+    ("ray data, type spec not a spec", lambda e: D(e.rds, feature_columns="id", feature_type_spec=3), TypeError, "feature_type_spec: expected a tf.TypeSpec"),
     ("element_spec str", lambda e: D(e.refs, element_spec="x"), TypeError, "element_spec element: expected a tf.TensorSpec, got str"),
     ("element_spec dtype", lambda e: D(e.refs, element_spec=tf.float32), TypeError, "got DType"),
     (

@@ -55,6 +55,7 @@ def layout(data, groups, type_specs, element_spec):
     from ray.data._internal.utils.tensorflow_utils import get_type_spec
 
     wanted = [g is not None and s is None for g, s in zip(groups, type_specs)]
+    wanted[0] = type_specs[0] is None
     if groups[0] is None or (element_spec is None and any(wanted)):
         schema = data.schema()
         if schema is None:

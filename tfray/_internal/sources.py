@@ -72,7 +72,11 @@ class Source:
     @property
     def wire_spec(self):
         """The spec of what the op carries: dense tensors only."""
-        return self.element_spec
+        self._learn_spec()
+        return self._wire_spec()
+
+    def _wire_spec(self):
+        return self._element_spec
 
     @property
     def flat_spec(self):
@@ -82,7 +86,7 @@ class Source:
         if self._flat_spec is None:
             if self._element_spec is None:
                 self._element_spec = self._infer_spec()
-            self._flat_spec = spec.FlatSpec(self.wire_spec)  # Checks it, too.
+            self._flat_spec = spec.FlatSpec(self._wire_spec())  # Checks it, too.
         return self._flat_spec
 
     def _infer_spec(self):
@@ -369,8 +373,7 @@ class RayDataSource(Source):
             self.decode = layout.decode
         super().__init__(layout.element_spec, capacity=capacity)
 
-    @property
-    def wire_spec(self):
+    def _wire_spec(self):
         return self._layout.wire_spec
 
     def _start(self):
