@@ -195,6 +195,19 @@ def test_type_specs_cast_and_name():
     assert ours.stats()[-1].arrays_copied == 3 * ROWS // 6  # A cast array per column and batch.
 
 
+def test_a_type_spec_given_alone_is_kept():
+    """The one documented difference: to_tf drops a feature_type_spec given without label_type_spec."""
+    data = table()
+    spec = tf.TensorSpec([None], tf.float32, name="features")
+    ours = tfray.Dataset.from_ray_data(data, "x", "y", batch_size=6, feature_type_spec=spec)
+    theirs = data.to_tf("x", "y", batch_size=6, feature_type_spec=spec)
+    assert ours.element_spec[0] == spec
+    assert theirs.element_spec[0] == tf.TensorSpec([None], tf.float64, name="x")
+    assert ours.element_spec[1] == theirs.element_spec[1]
+    for (a, _), (b, _) in zip(ours, theirs):
+        np.testing.assert_array_equal(a.numpy(), b.numpy().astype(np.float32))
+
+
 def test_a_ragged_spec_over_a_fixed_shape_column():
     """A RaggedTensorSpec given for a tensor column makes it ragged, as in to_tf."""
     data = table()
