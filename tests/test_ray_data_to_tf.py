@@ -13,6 +13,7 @@ import pytest
 import ray
 import ray.data
 import tensorflow as tf
+from conftest import ray_data_in_order
 
 import tfray
 
@@ -24,11 +25,8 @@ ROWS = 24
 @pytest.fixture(scope="module", autouse=True)
 def ordered():
     """Ray Data yields blocks in order, so both readers see the same order."""
-    context = ray.data.DataContext.get_current()
-    before = context.execution_options.preserve_order
-    context.execution_options.preserve_order = True
-    yield
-    context.execution_options.preserve_order = before
+    with ray_data_in_order():
+        yield
 
 
 def table(rows=ROWS, blocks=3):

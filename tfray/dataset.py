@@ -225,7 +225,7 @@ class Dataset(dataset_ops.DatasetSource):
         sharding="auto",
         input_context=None,
     ):
-        """A drop-in for ``ray_ds.to_tf(...)``, fed through tfray's op.
+        r"""A drop-in for ``ray_ds.to_tf(...)``, fed through tfray's op.
 
         It takes ``to_tf``'s arguments, in its order, with its defaults, and
         gives its element spec (``TensorSpec``\ s named after their

@@ -86,7 +86,7 @@ class Copied:
     The copies are counted in the stats like the feeder's own.
     """
 
-    __slots__ = ("value", "bytes_copied", "arrays_copied")
+    __slots__ = ("arrays_copied", "bytes_copied", "value")
 
     def __init__(self, value, bytes_copied, arrays_copied):
         self.value = value
