@@ -32,7 +32,6 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
 import ray.data  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 import tfray  # noqa: E402
 import training  # noqa: E402
@@ -74,11 +73,6 @@ def build_model():
     return model
 
 
-def describe(spec):
-    """``(TensorSpec(...), ...)`` without names: to_tf names its specs, tfray does not."""
-    return tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape, s.dtype), spec)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=65536)
@@ -112,10 +106,10 @@ def main():
     theirs = data.to_tf(
         feature_columns="features", label_columns="label", batch_size=args.batch_size
     )
-    same = describe(source.element_spec) == describe(theirs.element_spec)
-    print(f"tfray element_spec: {describe(source.element_spec)}")
-    print(f"to_tf element_spec: {describe(theirs.element_spec)}")
-    print(f"same structure, dtypes and shapes: {same}")
+    same = source.element_spec == theirs.element_spec
+    print(f"tfray element_spec: {source.element_spec}")
+    print(f"to_tf element_spec: {theirs.element_spec}")
+    print(f"same structure, names, dtypes and shapes: {same}")
     if not same:
         sys.exit("ray_data_fit: FAILED: tfray's element_spec differs from to_tf's")
     del theirs  # Only its element_spec was wanted.

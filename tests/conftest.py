@@ -48,6 +48,20 @@ def fresh_ray():
     yield from _local_ray()
 
 
+@contextlib.contextmanager
+def ray_data_in_order():
+    """Within it, Ray Data yields a dataset's blocks in order (every run alike)."""
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    before = context.execution_options.preserve_order
+    context.execution_options.preserve_order = True
+    try:
+        yield
+    finally:
+        context.execution_options.preserve_order = before
+
+
 def without_prefetch(ds):
     """``ds`` without the prefetch tf.data injects after sources by default."""
     import tensorflow as tf

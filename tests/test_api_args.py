@@ -59,7 +59,7 @@ CASES = [
         TypeError,
         "options of Dataset.from_generators",
     ),
-    ("ray data, no batch_size", lambda e: D(e.rds), TypeError, "batch_size: required"),
+    ("ray data, type spec not a spec", lambda e: D(e.rds, feature_columns="id", feature_type_spec=3), TypeError, "feature_type_spec: expected a tf.TypeSpec"),
     ("element_spec str", lambda e: D(e.refs, element_spec="x"), TypeError, "element_spec element: expected a tf.TensorSpec, got str"),
     ("element_spec dtype", lambda e: D(e.refs, element_spec=tf.float32), TypeError, "got DType"),
     (
@@ -121,7 +121,7 @@ CASES = [
     ("feature_columns int", lambda e: D.from_ray_data(e.rds, batch_size=2, feature_columns=3), TypeError, "feature_columns: expected a column name"),
     ("label_columns empty", lambda e: D.from_ray_data(e.rds, batch_size=2, label_columns=[]), TypeError, "label_columns: expected a column name, a non-empty list"),
     ("label_columns non-str", lambda e: D.from_ray_data(e.rds, batch_size=2, label_columns=["id", 1]), TypeError, "label_columns: expected"),
-    ("feature column missing", lambda e: D.from_ray_data(e.rds, batch_size=2, feature_columns="nope"), ValueError, "column 'nope' is not in the Ray dataset; its columns are ['id']"),
+    ("feature column missing", lambda e: D.from_ray_data(e.rds, batch_size=2, feature_columns="nope"), ValueError, "feature_columns: there's no column named 'nope' in the dataset; valid column names are ['id']"),
     ("drop_last str", lambda e: D.from_ray_data(e.rds, batch_size=2, drop_last="x"), TypeError, "drop_last: expected a bool, got str"),
     ("shuffle buffer -1", lambda e: D.from_ray_data(e.rds, batch_size=2, local_shuffle_buffer_size=-1), ValueError, "local_shuffle_buffer_size: expected >= 1"),
     ("shuffle seed str", lambda e: D.from_ray_data(e.rds, batch_size=2, local_shuffle_seed="x"), TypeError, "local_shuffle_seed: expected an int, got str"),

@@ -17,7 +17,7 @@ import tensorflow as tf
 from tensorflow.python.data.kernel_tests import checkpoint_test_base
 
 import resume_worker
-from conftest import without_prefetch
+from conftest import ray_data_in_order, without_prefetch
 
 import tfray
 
@@ -135,13 +135,8 @@ def test_generators_resume_in_deterministic_mode(ray_session, tmp_path):
 
 @pytest.fixture
 def ordered_ray_data():
-    import ray.data
-
-    context = ray.data.DataContext.get_current()
-    before = context.execution_options.preserve_order
-    context.execution_options.preserve_order = True
-    yield
-    context.execution_options.preserve_order = before
+    with ray_data_in_order():
+        yield
 
 
 def test_ray_data_resumes_when_order_is_preserved(ray_session, ordered_ray_data, tmp_path):

@@ -8,7 +8,7 @@ import ray
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 
-from tfray._internal import distribute, native, registry, sources, stats
+from tfray._internal import distribute, native, ray_data, registry, sources, stats
 
 _MAX_INFLIGHT_PER_PRODUCER = 2
 _RAY_DATA_CAPACITY = 4
@@ -36,7 +36,7 @@ class Dataset(dataset_ops.DatasetSource):
 
     - ``ray.ObjectRef``\\ s (a list, or a one-shot iterator): :meth:`from_refs`;
     - a generator function with ``shards=...``: :meth:`from_generators`;
-    - a Ray Data ``Dataset`` or ``DataIterator`` with ``batch_size=...``:
+    - a Ray Data ``Dataset`` or ``DataIterator`` (``to_tf``'s keyword options):
       :meth:`from_ray_data`.
 
     Args:
@@ -82,12 +82,20 @@ class Dataset(dataset_ops.DatasetSource):
             self._source, self._share = distribute.share_of(
                 self._whole, sharding=sharding, input_context=input_context
             )
-        self._structure = self._source.element_spec
+        self._structure = self._source.wire_spec
         key = registry.register(self._source)
         self._unregister = weakref.finalize(self, registry.unregister, key)
         variant = native.load().ops.tfray_dataset(
             source_key=tf.constant(key, dtype=tf.int64), **self._common_args
         )
+        self._wire = None
+        if self._source.decode is not None:
+            # The op carries dense tensors; a map makes the source's types
+            # (strings, ragged tensors) of them.
+            self._wire = _Wire(variant, self._structure)
+            self._decoded = self._wire.map(self._source.decode)
+            variant = self._decoded._variant_tensor
+        self._structure = self._source.element_spec
         super().__init__(variant)
 
     def __reduce__(self):
@@ -98,6 +106,9 @@ class Dataset(dataset_ops.DatasetSource):
             "and shards, or the Ray Data dataset) and call tfray.Dataset(...) in the "
             "process that trains."
         )
+
+    def _inputs(self):
+        return [] if self._wire is None else [self._wire]
 
     @classmethod
     def from_refs(
@@ -207,57 +218,95 @@ class Dataset(dataset_ops.DatasetSource):
     def from_ray_data(
         cls,
         ray_ds,
-        *,
-        batch_size,
         feature_columns=None,
         label_columns=None,
+        *,
+        additional_columns=None,
+        prefetch_batches=1,
+        batch_size=1,
         drop_last=False,
         local_shuffle_buffer_size=None,
         local_shuffle_seed=None,
-        prefetch_batches=1,
+        feature_type_spec=None,
+        label_type_spec=None,
+        additional_type_spec=None,
         element_spec=None,
+        sharding="auto",
+        input_context=None,
     ):
-        """A drop-in for ``ray_ds.to_tf(...)``, fed through tfray's op.
+        r"""A drop-in for ``ray_ds.to_tf(...)``, fed through tfray's op.
 
-        Elements are structured as ``to_tf`` structures them: ``(features,
-        labels)``, each a tensor when its columns are a string and a dict when
-        a list. With ``label_columns=None`` an element is ``features`` alone;
-        with ``feature_columns=None`` too, a dict of every column.
+        It takes ``to_tf``'s arguments, in its order, with its defaults, and
+        gives its element spec (``TensorSpec``\ s named after their
+        columns), its batches in its order and its errors for unknown
+        columns. Elements are ``(features, labels)``, or ``(features, labels,
+        additional)``, each a tensor when its columns are a name and a dict
+        when a list. tfray also takes ``label_columns=None`` (elements are
+        ``features`` alone) and ``feature_columns=None`` (every column).
 
-        Each epoch is one run of ``ray_ds.iter_batches``. Fixed-shape numeric
-        and tensor columns of a batch that lies in one block reach TF without
-        a copy (where aligned); a batch spanning blocks costs Ray Data one
-        copy. Variable-length columns are refused with an error naming the
-        column: pad or resize them in Ray Data first.
+        Column types, as ``to_tf`` types them from the schema: numeric, bool
+        and fixed-shape tensor columns are ``tf.Tensor``\ s, and those of a
+        batch that lies in one block reach TF without a copy (where aligned;
+        a batch spanning blocks is gathered in one copy). String and binary
+        columns are ``tf.string``; list and variable-shaped tensor columns
+        are ``tf.RaggedTensor``\ s (every dimension but the batch's ragged).
+        Those, and casts that a ``*_type_spec`` asks for, are copied once and
+        counted in ``stats()``.
+
+        Nothing runs at construction: the spec comes from the schema (a
+        pipeline whose schema Ray Data cannot tell without running it, e.g.
+        after ``map_batches``, runs to its first block to learn it, as for
+        ``to_tf``), and each iterator starts one streaming execution of the
+        dataset when first read. An empty dataset gives no batches.
 
         Args:
             ray_ds: a ``ray.data.Dataset`` or ``ray.data.DataIterator`` (e.g.
                 ``ray.train.get_dataset_shard("train")``).
-            batch_size: rows per batch.
             feature_columns: a column name, a list of names, or None (all).
             label_columns: a column name, a list of names, or None (none).
+            additional_columns: a column name, a list of names (e.g. sample
+                weights), or None: a third part of each element.
+            prefetch_batches: as in ``to_tf`` (Ray Data's look-ahead, where
+                Ray Data batches: a ``DataIterator`` or local shuffling).
+            batch_size: rows per batch; None: one batch per block.
             drop_last: drop a last batch shorter than ``batch_size``.
-            local_shuffle_buffer_size: as in ``iter_batches``.
-            local_shuffle_seed: as in ``iter_batches``.
-            prefetch_batches: as in ``iter_batches``.
-            element_spec: see :class:`Dataset`. When None, the first epoch
-                starts at construction and its first batch gives the spec; that
-                running epoch serves the first iterator (no second execution).
+            local_shuffle_buffer_size: as in ``to_tf``.
+            local_shuffle_seed: as in ``to_tf``.
+            feature_type_spec: the ``tf.TypeSpec`` of the features (a dict of
+                them for a list of columns), or None: from the schema. A
+                dtype that differs from the data's casts it. Unlike
+                ``to_tf``, a spec given for one group is kept when another
+                group's is left to the schema.
+            label_type_spec: likewise for the labels.
+            additional_type_spec: likewise for ``additional_columns``.
+            element_spec: the whole element's spec, replacing the above.
+            sharding: see :class:`Dataset`; Ray Data is read as given.
+            input_context: see :class:`Dataset`.
 
         Returns:
             A ``tfray.Dataset`` of unknown cardinality.
+
+        Examples:
+            >>> ds = tfray.Dataset.from_ray_data(ray_ds, "features", "label", batch_size=256)
+            >>> model.fit(ds, epochs=3)
         """
         _require_kind("from_ray_data", "ray_ds", ray_ds)
         return cls(
             ray_ds,
             element_spec=element_spec,
-            batch_size=batch_size,
+            sharding=sharding,
+            input_context=input_context,
             feature_columns=feature_columns,
             label_columns=label_columns,
+            additional_columns=additional_columns,
+            prefetch_batches=prefetch_batches,
+            batch_size=batch_size,
             drop_last=drop_last,
             local_shuffle_buffer_size=local_shuffle_buffer_size,
             local_shuffle_seed=local_shuffle_seed,
-            prefetch_batches=prefetch_batches,
+            feature_type_spec=feature_type_spec,
+            label_type_spec=label_type_spec,
+            additional_type_spec=additional_type_spec,
         )
 
     @property
@@ -313,6 +362,18 @@ class Dataset(dataset_ops.DatasetSource):
             A list of ``tfray.IteratorStats``, one per iterator (epoch).
         """
         return [stats.of_feeder(f) for f in self._source.feeders()]
+
+
+class _Wire(dataset_ops.DatasetSource):
+    """The op's own dataset, of dense tensors, under a source's decoding map."""
+
+    def __init__(self, variant, structure):
+        self._structure = structure
+        super().__init__(variant)
+
+    @property
+    def element_spec(self):
+        return self._structure
 
 
 def _kind(source):
@@ -414,15 +475,20 @@ def _ray_data_source(
     data,
     element_spec,
     *,
-    batch_size,
     feature_columns=None,
     label_columns=None,
+    additional_columns=None,
+    prefetch_batches=1,
+    batch_size=1,
     drop_last=False,
     local_shuffle_buffer_size=None,
     local_shuffle_seed=None,
-    prefetch_batches=1,
+    feature_type_spec=None,
+    label_type_spec=None,
+    additional_type_spec=None,
 ):
-    for name, columns in (("feature_columns", feature_columns), ("label_columns", label_columns)):
+    groups = (feature_columns, label_columns, additional_columns)
+    for name, columns in zip(ray_data.GROUPS, groups):
         names = [columns] if isinstance(columns, str) else columns
         if columns is not None and not (
             isinstance(names, (list, tuple)) and names and all(isinstance(c, str) for c in names)
@@ -430,6 +496,13 @@ def _ray_data_source(
             raise TypeError(
                 f"{name}: expected a column name, a non-empty list of them, or None; got {columns!r}"
             )
+    type_specs = (feature_type_spec, label_type_spec, additional_type_spec)
+    for name, type_spec in zip(ray_data.TYPE_SPECS, type_specs):
+        leaves = tf.nest.flatten(type_spec)
+        if type_spec is not None and not all(isinstance(t, tf.TypeSpec) for t in leaves):
+            raise TypeError(f"{name}: expected a tf.TypeSpec, a dict of them, or None; got {type_spec!r}")
+    if batch_size is not None:
+        batch_size = sources.positive_int("batch_size", batch_size)
     if not isinstance(drop_last, bool):
         raise TypeError(f"drop_last: expected a bool, got {type(drop_last).__name__}")
     if local_shuffle_buffer_size is not None:
@@ -440,12 +513,10 @@ def _ray_data_source(
         raise ValueError(f"prefetch_batches: expected >= 0, got {prefetch_batches}")
     return sources.RayDataSource(
         data,
-        element_spec=element_spec,
-        feature_columns=feature_columns,
-        label_columns=label_columns,
+        layout=ray_data.layout(data, groups, type_specs, element_spec),
         capacity=_RAY_DATA_CAPACITY,
         iter_batches_args=dict(
-            batch_size=sources.positive_int("batch_size", batch_size),
+            batch_size=batch_size,
             drop_last=drop_last,
             local_shuffle_buffer_size=local_shuffle_buffer_size,
             local_shuffle_seed=local_shuffle_seed,

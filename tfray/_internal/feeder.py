@@ -80,6 +80,20 @@ def aligned_copy(array, alignment):
     return out
 
 
+class Copied:
+    """A batch its stream already copied (in part) to make, and how much.
+
+    The copies are counted in the stats like the feeder's own.
+    """
+
+    __slots__ = ("arrays_copied", "bytes_copied", "value")
+
+    def __init__(self, value, bytes_copied, arrays_copied):
+        self.value = value
+        self.bytes_copied = bytes_copied
+        self.arrays_copied = arrays_copied
+
+
 class Feeder:
     """Feeds one epoch from ``stream`` into ``channel`` (see ``start``).
 
@@ -125,9 +139,8 @@ class Feeder:
         try:
             return self._feed()
         except EpochError as e:
-            if not ray_errors.ray_running():  # Say which dataset lost its Ray.
-                e = ray_errors.shutdown_error(self._name)
-            self._push_error(e)
+            # Once Ray is gone, say which dataset lost it.
+            self._push_error(e if ray_errors.ray_running() else ray_errors.shutdown_error(self._name))
         except Exception as e:  # A feeder must never die silently.
             self._push_error(
                 BatchError(Code.INTERNAL, f"tfray: the feeder failed: {type(e).__name__}: {e}")
@@ -185,11 +198,13 @@ class Feeder:
         return self._push(pending)
 
     def _entry(self, label, value):
+        bytes_copied = arrays_copied = 0
+        if isinstance(value, Copied):
+            value, bytes_copied, arrays_copied = value.value, value.bytes_copied, value.arrays_copied
         try:
             arrays = self._spec.check(value)
         except BatchError as e:
             raise BatchError(e.code, f"tfray: {label}: {e.message}") from None
-        bytes_copied = arrays_copied = 0
         for i, array in enumerate(arrays):
             if not array.flags.c_contiguous or array.ctypes.data % self._alignment:
                 arrays[i] = aligned_copy(array, self._alignment)

@@ -15,38 +15,158 @@ Two ways to read an epoch:
 import collections
 
 import numpy as np
+import tensorflow as tf
 
+from tfray._internal import columns as columns_lib
+from tfray._internal.feeder import Copied
 from tfray._internal.lookahead import LookAhead
 from tfray._internal.resolver import RefResolver
 from tfray._internal.status import BatchError, Code
 
-
-def select(batch, columns):
-    """``batch[columns]`` as ``to_tf`` builds it: a column's array, or a dict."""
-    if columns is None:
-        check(batch, list(batch))
-        return dict(batch)
-    check(batch, [columns] if isinstance(columns, str) else columns)
-    if isinstance(columns, str):
-        return batch[columns]
-    return {column: batch[column] for column in columns}
+GROUPS = ("feature_columns", "label_columns", "additional_columns")
+TYPE_SPECS = ("feature_type_spec", "label_type_spec", "additional_type_spec")
 
 
-def check(batch, names):
-    """Raises BatchError unless each named column is a fixed-shape array."""
-    for name in names:
-        if name not in batch:
-            raise BatchError(
-                Code.INVALID_ARGUMENT,
-                f"column {name!r} is not in the Ray dataset; its columns are {sorted(batch)}",
+def names(columns):
+    """A group's column names: ``"x"`` -> ``["x"]``."""
+    return [columns] if isinstance(columns, str) else list(columns)
+
+
+def _group_nest(columns):
+    """A group as ``to_tf`` structures it: a name, or a dict of them (keys sorted)."""
+    return columns if isinstance(columns, str) else {c: c for c in sorted(columns)}
+
+
+def layout(data, groups, type_specs, element_spec):
+    """The ``Layout`` of ``data``'s elements, typed as ``to_tf`` types them.
+
+    Like ``to_tf``, a group's spec comes from the schema unless given (the
+    schema is known without execution for most sources; otherwise Ray Data
+    runs the pipeline to its first block to learn it, as for ``to_tf``), and
+    the named columns are checked against it then.
+
+    Args:
+        data: a ``ray.data.Dataset`` or ``DataIterator``.
+        groups: ``(feature_columns, label_columns, additional_columns)``.
+        type_specs: ``(feature_type_spec, label_type_spec, additional_type_spec)``.
+        element_spec: the whole element's spec, or None.
+    """
+    from ray.data._internal.utils.tensorflow_utils import get_type_spec
+
+    wanted = [g is not None and s is None for g, s in zip(groups, type_specs)]
+    wanted[0] = type_specs[0] is None
+    if groups[0] is None or (element_spec is None and any(wanted)):
+        schema = data.schema()
+        if schema is None:
+            raise ValueError(
+                "from_ray_data: the dataset's schema is unknown (it has no blocks); "
+                "pass feature_type_spec and label_type_spec, or element_spec"
             )
-        if batch[name].dtype == object:
-            raise BatchError(
-                Code.INVALID_ARGUMENT,
-                f"column {name!r} is variable-length or not numeric (numpy dtype object); "
-                "tfray needs fixed-shape numeric columns: pad or resize it in Ray "
-                "Data first (e.g. with map_batches).",
-            )
+        valid = list(schema.names)
+        if groups[0] is None:
+            groups = (valid,) + tuple(groups[1:])
+        for group, columns in zip(GROUPS, groups):
+            for name in names(columns) if columns is not None else ():
+                if name not in valid:
+                    raise ValueError(
+                        f"{group}: there's no column named {name!r} in the dataset; "
+                        f"valid column names are {valid}"
+                    )
+        if element_spec is None:
+            type_specs = [
+                get_type_spec(schema, columns=g) if want else s
+                for g, s, want in zip(groups, type_specs, wanted)
+            ]
+    if element_spec is None:
+        specs = [s for g, s in zip(groups, type_specs) if g is not None]
+        element_spec = specs[0] if len(specs) == 1 else tuple(specs)
+    return Layout(groups, element_spec)
+
+
+class Layout:
+    """What ``to_tf`` makes of a batch, and the wire form tfray carries it in.
+
+    An element is ``(features, labels[, additional])`` (a group left None is
+    left out; features alone are not wrapped in a tuple), each group a
+    column's value when it is a name, or a dict of them when a list.
+
+    Args:
+        groups: ``feature_columns, label_columns, additional_columns``; for
+            ``feature_columns=None``, the dataset's column names.
+        element_spec: the element's spec, a ``tf.TypeSpec`` per column.
+    """
+
+    def __init__(self, groups, element_spec):
+        nests = [_group_nest(g) for g in groups if g is not None]
+        self.columns = nests[0] if len(nests) == 1 else tuple(nests)
+        try:
+            tf.nest.assert_same_structure(self.columns, element_spec)
+        except (TypeError, ValueError) as e:
+            raise TypeError(
+                f"element_spec: expected the structure of the columns, {self.columns!r}; {e}"
+            ) from None
+        self.element_spec = element_spec
+        self._names = tf.nest.flatten(self.columns)
+        self._codecs = [
+            columns_lib.codec(n, s) for n, s in zip(self._names, tf.nest.flatten(element_spec))
+        ]
+        self.wire_spec = tf.nest.pack_sequence_as(self.columns, [c.wire_spec for c in self._codecs])
+        self.dense = all(isinstance(c, columns_lib.Dense) for c in self._codecs)
+
+    def read(self):
+        """The columns a batch is made of, each once."""
+        return list(dict.fromkeys(self._names))
+
+    def wire(self, batch, copied):
+        """The wire element of ``batch`` (a dict of columns); copies counted.
+
+        Args:
+            batch: a dict of column arrays.
+            copied: names of the columns already copied to make ``batch``.
+
+        Returns:
+            The element (a ``feeder.Copied`` when anything was copied).
+        """
+        copies = columns_lib.Copies()
+        leaves = []
+        for name, codec in zip(self._names, self._codecs):
+            if name not in batch:
+                raise BatchError(
+                    Code.INVALID_ARGUMENT,
+                    f"column {name!r} is not in the Ray dataset; its columns are {sorted(batch)}",
+                )
+            column = batch[name]
+            encoded = codec.encode(name, column, copies)
+            if encoded is column and name in copied:
+                encoded = copies.add(column)
+            leaves.append(encoded)
+        element = _pack(self.columns, iter(leaves))
+        return Copied(element, copies.bytes, copies.arrays) if copies.arrays else element
+
+    @tf.autograph.experimental.do_not_convert
+    def decode(self, *parts):
+        """The ``to_tf`` element of a wire element (a function for ``map``)."""
+        wire = parts if isinstance(self.columns, tuple) else parts[0]
+        decoded = [c.decode(w) for c, w in zip(self._codecs, _leaves(self.columns, wire))]
+        return _pack(self.columns, iter(decoded))
+
+
+def _leaves(nest, element):
+    """The parts of ``element`` at ``nest``'s names, in order (a wire part may be a tuple)."""
+    if isinstance(nest, str):
+        return [element]
+    if isinstance(nest, dict):
+        return [leaf for k, v in nest.items() for leaf in _leaves(v, element[k])]
+    return [leaf for v, e in zip(nest, element) for leaf in _leaves(v, e)]
+
+
+def _pack(nest, leaves):
+    """``nest`` (names; dict keys sorted) with each name replaced by the next leaf."""
+    if isinstance(nest, str):
+        return next(leaves)
+    if isinstance(nest, dict):
+        return {k: _pack(v, leaves) for k, v in nest.items()}
+    return tuple(_pack(v, leaves) for v in nest)
 
 
 def preserves_order(data, iter_batches_args):
@@ -61,21 +181,27 @@ def preserves_order(data, iter_batches_args):
 
 
 class Elements:
-    """Turns Ray Data batches (dicts of columns) into tfray elements."""
+    """Turns Ray Data batches (dicts of columns) into the op's wire elements.
 
-    def __init__(self, feature_columns, label_columns):
-        self._features = feature_columns
-        self._labels = label_columns
+    Args:
+        layout: the ``Layout`` of this dataset's elements.
+    """
+
+    def __init__(self, layout):
+        self._layout = layout
         self._index = 0
 
     def item(self, make_batch):
-        """A ``(label, element, error)`` item for the batch ``make_batch()`` makes."""
+        """A ``(label, element, error)`` item for the batch ``make_batch()`` makes.
+
+        ``make_batch`` returns the batch and the names of the columns it
+        copied to make it (rows gathered from several blocks).
+        """
         label = f"batch {self._index}"
         self._index += 1
         try:
-            batch = make_batch()
-            features = select(batch, self._features)
-            element = features if self._labels is None else (features, select(batch, self._labels))
+            batch, copied = make_batch()
+            element = self._layout.wire(batch, copied)
         except BatchError as e:
             return (label, None, BatchError(e.code, f"tfray: {label}: {e.message}"))
         return (label, element, None)
@@ -93,7 +219,7 @@ class IterBatches:
     def next_ready(self, timeout):
         """Waits for Ray Data's next batch (it has no timeout)."""
         batch = next(self._batches, None)
-        return None if batch is None else [self._elements.item(lambda: batch)]
+        return None if batch is None else [self._elements.item(lambda: (batch, ()))]
 
     def close(self):
         close = getattr(self._batches, "close", None)
@@ -165,6 +291,10 @@ class BlockBatches:
             if error is not None:
                 out.append((label, None, error))
                 continue
+            if self._batch_size is None:  # A batch per block, as it is.
+                if self._rows:
+                    out.append(self._elements.item(lambda: self._take(self._rows)))
+                continue
             while self._rows >= self._batch_size:
                 out.append(self._elements.item(lambda: self._take(self._batch_size)))
         return out
@@ -188,12 +318,11 @@ class BlockBatches:
                     )
             # Views of the block's buffers for fixed-shape numeric columns.
             columns = accessor.to_numpy(self._columns)
-            check(columns, list(columns))  # Before concatenating across blocks.
             self._chunks.append(columns)
             self._rows += rows
 
     def _take(self, n):
-        """The next n rows: a view of one chunk where it holds them, else a copy."""
+        """The next n rows and the columns copied: a view of one chunk where it holds them."""
         first = self._chunks[0]
         rows = len(next(iter(first.values())))
         if rows >= n:
@@ -203,7 +332,7 @@ class BlockBatches:
             else:
                 self._chunks[0] = {c: a[n:] for c, a in first.items()}
             self._rows -= n
-            return batch
+            return batch, ()
         pieces, needed = [], n
         while needed:
             chunk = self._chunks[0]
@@ -216,17 +345,18 @@ class BlockBatches:
                 self._chunks[0] = {c: a[needed:] for c, a in chunk.items()}
                 needed = 0
         self._rows -= n
-        return {c: _concatenate(c, [p[c] for p in pieces]) for c in first}
+        return {c: _concatenate(c, [p[c] for p in pieces]) for c in first}, first.keys()
 
 
 def _concatenate(column, arrays):
-    """Rows from several blocks, in one copy; rows must agree in shape."""
-    shapes = {a.shape[1:] for a in arrays}
-    if len(shapes) > 1:
-        raise BatchError(
-            Code.INVALID_ARGUMENT,
-            f"column {column!r} is variable-length (rows of shapes "
-            f"{sorted(shapes)}); tfray needs fixed-shape columns: pad or resize "
-            "it in Ray Data first (e.g. with map_batches).",
-        )
+    """Rows from several blocks, in one copy.
+
+    Blocks whose rows differ in shape (a variable-shaped column that Ray Data
+    stacked within a block) are joined as one object array of rows.
+    """
+    if len({a.shape[1:] for a in arrays}) > 1 or any(a.dtype == object for a in arrays):
+        rows = np.empty(sum(len(a) for a in arrays), dtype=object)
+        for i, row in enumerate(row for a in arrays for row in a):
+            rows[i] = row  # One by one: a slice assignment would broadcast rows.
+        return rows
     return np.concatenate(arrays)

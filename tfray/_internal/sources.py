@@ -2,11 +2,10 @@
 
 A source knows its element spec, cardinality and channel capacity, and opens
 a stream per epoch (see feeder.py for what a stream is). Without an
-element_spec, a source runs its producers at construction to learn it: Ray
-Data starts its first epoch then and hands that running epoch to the first
-iterator (a paused streaming execution holds no CPU); generators run one
-producer to its first batch and stop it (a paused producer task would keep
-its CPU from every other dataset's producers).
+element_spec, refs and generators learn it from a first batch: generators run
+one producer to its first batch and stop it (a paused producer task would
+keep its CPU from every other dataset's producers). Ray Data takes it from
+the dataset's schema, as ``to_tf`` does, and starts nothing until read.
 """
 
 import collections
@@ -58,6 +57,9 @@ class Source:
     cardinality = UNKNOWN_CARDINALITY
     replays = False  # Every epoch has the same batches: the next may start early.
     kind = "tfray.Dataset"  # What the user built, for messages.
+    # A tf function from the op's dense element (``wire_spec``) to the
+    # source's (``element_spec``), mapped over the op; None: they are one.
+    decode = None
 
     def __init__(self, element_spec, capacity):
         self.session = ray_errors.session()  # Its refs and producers live in this one.
@@ -75,6 +77,15 @@ class Source:
         return self._element_spec
 
     @property
+    def wire_spec(self):
+        """The spec of what the op carries: dense tensors only."""
+        self._learn_spec()
+        return self._wire_spec()
+
+    def _wire_spec(self):
+        return self._element_spec
+
+    @property
     def flat_spec(self):
         return self._learn_spec()
 
@@ -82,7 +93,7 @@ class Source:
         if self._flat_spec is None:
             if self._element_spec is None:
                 self._element_spec = self._infer_spec()
-            self._flat_spec = spec.FlatSpec(self._element_spec)  # Checks it, too.
+            self._flat_spec = spec.FlatSpec(self._wire_spec())  # Checks it, too.
         return self._flat_spec
 
     def _infer_spec(self):
@@ -367,58 +378,44 @@ class GeneratorSource(Source):
 
 
 class RayDataSource(Source):
-    """A Ray Data Dataset or DataIterator, streamed once per epoch."""
+    """A Ray Data Dataset or DataIterator, streamed once per epoch.
+
+    Nothing runs until an iterator reads: the spec comes from the schema
+    (see ``ray_data.layout``), and each epoch starts at its first read.
+    """
 
     kind = "from_ray_data"
 
-    def __init__(
-        self, data, *, element_spec, feature_columns, label_columns, capacity, iter_batches_args
-    ):
+    def __init__(self, data, *, layout, capacity, iter_batches_args):
         self._data = data
-        self._features = feature_columns
-        self._labels = label_columns
+        self._layout = layout
         self._capacity = capacity
         self._iter_batches_args = iter_batches_args
-        stream = None
-        if element_spec is None:
-            stream = _Peeked(self._start())
-            try:
-                first = stream.peek()
-            except Exception:
-                stream.close()
-                raise
-            if first is None:
-                stream.close()
-                raise ValueError("from_ray_data: the dataset is empty; pass element_spec.")
-            label, element, error = first
-            if error is not None:
-                stream.close()
-                raise ValueError(f"from_ray_data: {error.message}")
-            element_spec = spec.infer(element)
-        self._prestarted = stream  # The epoch started to learn the spec, for the first iterator.
-        super().__init__(element_spec, capacity=capacity)
+        if not layout.dense:
+            self.decode = layout.decode
+        super().__init__(layout.element_spec, capacity=capacity)
+
+    def _wire_spec(self):
+        return self._layout.wire_spec
 
     def _start(self):
         import ray.data
 
-        elements = ray_data.Elements(self._features, self._labels)
+        elements = ray_data.Elements(self._layout)
         args = self._iter_batches_args
         if isinstance(self._data, ray.data.Dataset) and args["local_shuffle_buffer_size"] is None:
-            columns = None
-            if self._features is not None:
-                columns = _names(self._features) + (_names(self._labels) if self._labels else [])
             return ray_data.BlockBatches(
                 self._data,
                 elements,
                 batch_size=args["batch_size"],
                 drop_last=args["drop_last"],
-                columns=list(dict.fromkeys(columns)) if columns else None,
+                columns=self._layout.read(),
                 max_inflight=self._capacity,
             )
         return ray_data.IterBatches(self._data, elements, args)
 
     def open_epoch(self, *, deterministic, skip=0):
-        stream, self._prestarted = self._prestarted or self._start(), None
+        stream = self._start()
         if skip:
             if not ray_data.preserves_order(self._data, self._iter_batches_args):
                 resume.warn_inexact(
@@ -430,45 +427,3 @@ class RayDataSource(Source):
                 )
             stream = resume.SkippedItems(stream, skip)
         return stream
-
-    def close(self):
-        super().close()
-        stream, self._prestarted = self._prestarted, None
-        if stream is not None:
-            stream.close()  # Stops the execution started to learn the spec.
-
-
-def _names(columns):
-    return [columns] if isinstance(columns, str) else list(columns)
-
-
-class _Peeked:
-    """A stream whose first item was read ahead (to learn the element spec)."""
-
-    def __init__(self, stream):
-        self._stream = stream
-        self._items = None
-
-    @property
-    def in_flight(self):
-        return self._stream.in_flight
-
-    def peek(self):
-        """The first ``(label, element, error)`` item, or None if there is none."""
-        while self._items is None:
-            items = self._stream.next_ready(0.1)
-            if items is None:
-                self._items = []
-                return None
-            if items:
-                self._items = items
-        return self._items[0] if self._items else None
-
-    def next_ready(self, timeout):
-        if self._items:
-            items, self._items = self._items, []
-            return items
-        return self._stream.next_ready(timeout)
-
-    def close(self):
-        self._stream.close()
