@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import tfray
 from tfray import _build_info
-from tfray._internal import native
+from tfray._internal.runtime import native
 
 pytestmark = pytest.mark.timeout(120)
 

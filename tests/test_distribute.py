@@ -15,7 +15,7 @@ import tensorflow as tf
 from tensorflow.python.data.experimental.ops import distribute as tf_distribute
 
 import tfray
-from tfray._internal import distribute
+from tfray._internal.distribute import auto as distribute
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 

@@ -19,7 +19,8 @@ from ray import cloudpickle
 
 import tfray
 from conftest import without_prefetch
-from tfray._internal import coordinator, generators
+from tfray._internal import generators
+from tfray._internal.distribute import coordinator
 
 # By value: the consumer actors' processes cannot import this test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

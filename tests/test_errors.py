@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import tfray
 from conftest import store_bytes_used, wait_until, without_prefetch
-from tfray._internal import pins
+from tfray._internal.runtime import runtime
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
@@ -127,7 +127,7 @@ def _lost(ref):
 def test_dropping_an_iterator_mid_epoch_releases_every_pin():
     """The object store returns to its baseline once iterator and refs are gone."""
     gc.collect()
-    wait_until(lambda: pins.count() == 0)
+    wait_until(lambda: runtime.get().pins.count() == 0)
     baseline = store_bytes_used()
 
     @ray.remote
@@ -140,13 +140,13 @@ def test_dropping_an_iterator_mid_epoch_releases_every_pin():
     held = [next(it) for _ in range(3)]  # TF still holds these three.
     wait_until(lambda: ds.stats()[-1].queued == 4)
     assert ds.stats()[-1].batches == 3
-    assert pins.count() >= 3
+    assert runtime.get().pins.count() >= 3
     del it
     wait_until(lambda: ds.stats()[-1].finished and ds.stats()[-1].cancelled)
     assert ds.stats()[-1].refs_in_flight == 0
-    wait_until(lambda: pins.count() == 3)  # Only what TF still holds.
+    wait_until(lambda: runtime.get().pins.count() == 3)  # Only what TF still holds.
     del held
-    wait_until(lambda: pins.count() == 0)
+    wait_until(lambda: runtime.get().pins.count() == 0)
     del ds, refs
     wait_until(lambda: store_bytes_used() <= baseline)
 

@@ -20,10 +20,11 @@ import tensorflow as tf  # noqa: E402
 
 import tfray  # noqa: E402
 from conftest import OBJECT_STORE_BYTES, store_bytes_used, store_stats, wait_until  # noqa: E402
-from tfray._internal import pins  # noqa: E402
-from tfray._internal.feeder import Feeder  # noqa: E402
-from tfray._internal.spec import FlatSpec  # noqa: E402
-from tfray._internal.status import BatchError, Code, EpochError  # noqa: E402
+from tfray._internal.runtime import native, runtime  # noqa: E402
+from tfray._internal.runtime.feeder import Feeder  # noqa: E402
+from tfray._internal.runtime.pins import Pins  # noqa: E402
+from tfray._internal.runtime.spec import FlatSpec  # noqa: E402
+from tfray._internal.runtime.status import BatchError, Code, EpochError  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
 
@@ -32,7 +33,7 @@ MB = 1 << 20
 
 def _settled_baseline():
     gc.collect()
-    wait_until(lambda: pins.count() == 0)
+    wait_until(lambda: runtime.get().pins.count() == 0)
     return store_bytes_used()
 
 
@@ -159,14 +160,14 @@ def test_keyboard_interrupt_in_fit_stops_feeders_and_a_new_fit_works(how):
     gc.collect()  # The iterator fit made is gone with the traceback.
     wait_until(lambda: source.stats()[0].finished and source.stats()[0].cancelled)
     assert source.stats()[0].refs_in_flight == 0
-    wait_until(lambda: pins.count() == 0)
+    wait_until(lambda: runtime.get().pins.count() == 0)
 
     history = model.fit(ds, epochs=2, verbose=0)
     assert len(history.history["loss"]) == 2
     assert [s.batches for s in source.stats()[1:]] == [BATCHES, BATCHES]
     del source, ds, refs, model
     gc.collect()
-    wait_until(lambda: pins.count() == 0)
+    wait_until(lambda: runtime.get().pins.count() == 0)
     wait_until(lambda: store_bytes_used() <= baseline)
 
 
@@ -218,11 +219,12 @@ def test_an_error_in_a_resolved_window_is_reported_once_in_its_place(error, push
     batch = np.zeros(3, np.float32)
     stream = _Stream([[("batch 0", batch, None), ("batch 1", None, error), ("batch 2", batch, None)]])
     channel = _RecordingChannel()
-    feeder = Feeder(stream, FlatSpec(tf.TensorSpec([None], tf.float32)), channel, alignment=64)
+    own_pins = Pins(native.load().lib)  # Not the runtime's: nothing here is released by TF.
+    feeder = Feeder(
+        stream, FlatSpec(tf.TensorSpec([None], tf.float32)), channel, pins=own_pins, alignment=64
+    )
     feeder.run()
     assert channel.errors == [(int(error.code), error.message)]
     assert len(channel.pushed) == pushes  # An epoch error drops what follows it.
     assert channel.closed and feeder.done.is_set()
-    with pins._lock:  # No TF tensor will release these: unpin them here.
-        for _, token, _, _ in channel.pushed:
-            pins._pinned.pop(token)
+    assert own_pins.count() == pushes

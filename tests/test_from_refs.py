@@ -187,21 +187,21 @@ def test_epochs_after_the_second_are_started_ahead_and_released_with_the_dataset
     import gc
 
     from conftest import store_bytes_used, wait_until
-    from tfray._internal import pins
+    from tfray._internal.runtime import runtime
 
     refs = [ray.put(np.full((64, 1024), i, np.float32)) for i in range(6)]
-    wait_until(lambda: pins.count() == 0)
+    wait_until(lambda: runtime.get().pins.count() == 0)
     baseline = store_bytes_used()
     ds = tfray.Dataset(refs, max_inflight=3)
     for _ in range(2):
         assert [int(b[0, 0]) for b in ds] == list(range(6))
     # The next epoch's first window is pinned with no iterator open.
-    wait_until(lambda: pins.count() >= 3)
+    wait_until(lambda: runtime.get().pins.count() >= 3)
     for _ in range(3):  # Each taken offer is replaced as its epoch ends.
         assert [int(b[0, 0]) for b in ds] == list(range(6))
-        wait_until(lambda: pins.count() >= 3)
+        wait_until(lambda: runtime.get().pins.count() >= 3)
     assert len(ds.stats()) == 5 and all(s.batches == 6 for s in ds.stats())
     del ds
     gc.collect()
-    wait_until(lambda: pins.count() == 0)
+    wait_until(lambda: runtime.get().pins.count() == 0)
     wait_until(lambda: store_bytes_used() <= baseline)

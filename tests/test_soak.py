@@ -20,7 +20,7 @@ import tensorflow as tf
 
 import tfray
 from conftest import store_bytes_used, wait_until
-from tfray._internal import pins
+from tfray._internal.runtime import runtime
 
 pytestmark = [
     pytest.mark.usefixtures("ray_session"),
@@ -97,7 +97,7 @@ class Soak:
     def __init__(self):
         self.refs = [make.remote(i) for i in range(REFS)]
         ray.wait(self.refs, num_returns=REFS)
-        wait_until(lambda: pins.count() == 0)
+        wait_until(lambda: runtime.get().pins.count() == 0)
         self.resting_store = store_bytes_used()  # The refs' own objects, held throughout.
         self.refs_ds = tfray.Dataset(self.refs)
         self.gen_ds = tfray.Dataset.from_generators(generator(), SHARDS, deterministic=True)
@@ -129,13 +129,13 @@ class Soak:
         # pinned until an iterator takes it: take any such offer and drop it
         # (again, if one was made meanwhile); a leaked pin never goes.
         def released():
-            if pins.count() == 0:
+            if runtime.get().pins.count() == 0:
                 return True
             it = iter(self.refs_ds)
             next(it)
             del it
             gc.collect()
-            return pins.count() == 0
+            return runtime.get().pins.count() == 0
 
         wait_until(released)
         wait_until(lambda: all(s.finished for s in self.refs_ds.stats() + self.gen_ds.stats()))

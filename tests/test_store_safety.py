@@ -208,14 +208,14 @@ def test_batches_sliced_past_their_tensors_are_released():
     """Memory kept by slices alone is released once the slices go (no leak, no early free)."""
     data = Refs()
     slices = [b[1:] for b in data.dataset()]  # Each batch tensor is gone; its slice lives.
-    from tfray._internal import pins
+    from tfray._internal.runtime import runtime
 
-    assert pins.count() == BATCHES
+    assert runtime.get().pins.count() == BATCHES
     np.testing.assert_array_equal(slices[0].numpy(), batch(0)[1:])
     del slices
     import conftest
 
-    conftest.wait_until(lambda: pins.count() == 0, timeout=10)
+    conftest.wait_until(lambda: runtime.get().pins.count() == 0, timeout=10)
 
 
 STRATEGY_SCRIPT = os.path.join(os.path.dirname(__file__), "store_safety_strategy.py")

@@ -8,7 +8,9 @@ import ray
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 
-from tfray._internal import distribute, native, ray_data, registry, sources, stats
+from tfray._internal import ray_data, sources
+from tfray._internal.distribute import auto as distribute
+from tfray._internal.runtime import native, runtime, stats
 
 _MAX_INFLIGHT_PER_PRODUCER = 2
 _RAY_DATA_CAPACITY = 4
@@ -83,6 +85,7 @@ class Dataset(dataset_ops.DatasetSource):
                 self._whole, sharding=sharding, input_context=input_context
             )
         self._structure = self._source.wire_spec
+        registry = runtime.get().registry
         key = registry.register(self._source)
         self._unregister = weakref.finalize(self, registry.unregister, key)
         variant = native.load().ops.tfray_dataset(

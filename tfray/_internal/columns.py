@@ -21,9 +21,9 @@ the stats as copies.
 import numpy as np
 import tensorflow as tf
 
-from tfray._internal import native
-from tfray._internal.feeder import aligned_copy
-from tfray._internal.status import BatchError, Code
+from tfray._internal.runtime import native
+from tfray._internal.runtime.feeder import aligned_copy
+from tfray._internal.runtime.status import BatchError, Code
 
 
 class Copies:

@@ -26,7 +26,8 @@ import time
 import ray
 from ray import cloudpickle
 
-from tfray._internal import producer, ray_errors
+from tfray._internal import producer
+from tfray._internal.runtime import ray_errors
 
 # By value: by reference, every producer process would import tfray and
 # TensorFlow (seconds and hundreds of MB each) just to find this function.

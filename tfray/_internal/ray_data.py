@@ -18,10 +18,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfray._internal import columns as columns_lib
-from tfray._internal.feeder import Copied
-from tfray._internal.lookahead import LookAhead
-from tfray._internal.resolver import RefResolver
-from tfray._internal.status import BatchError, Code
+from tfray._internal.runtime.feeder import Copied
+from tfray._internal.runtime.lookahead import LookAhead
+from tfray._internal.runtime.resolver import RefResolver
+from tfray._internal.runtime.status import BatchError, Code
 
 GROUPS = ("feature_columns", "label_columns", "additional_columns")
 TYPE_SPECS = ("feature_type_spec", "label_type_spec", "additional_type_spec")

@@ -16,16 +16,17 @@ import threading
 
 import ray
 
-from tfray._internal import ray_data, ray_errors, resume, spec
+from tfray._internal import ray_data, resume
 from tfray._internal.generators import (
     GeneratorShards,
     check_generator_function,
     concurrency,
     stable_name,
 )
-from tfray._internal.lookahead import START, LookAhead
-from tfray._internal.resolver import RefList, RefResolver
-from tfray._internal.status import BatchError, Code
+from tfray._internal.runtime import ray_errors, spec
+from tfray._internal.runtime.lookahead import START, LookAhead
+from tfray._internal.runtime.resolver import RefList, RefResolver
+from tfray._internal.runtime.status import BatchError, Code
 
 logger = logging.getLogger("tfray")
 

@@ -8,7 +8,7 @@ op's output components. Lists become tuples: tf.data has no list structure.
 import numpy as np
 import tensorflow as tf
 
-from tfray._internal.status import BatchError, Code
+from tfray._internal.runtime.status import BatchError, Code
 
 try:  # bfloat16 as numpy sees it; TensorFlow itself depends on ml_dtypes.
     import ml_dtypes

@@ -28,10 +28,10 @@ import uuid
 
 import ray
 
-from tfray._internal import coordinator
-from tfray._internal.resolver import RefResolver
+from tfray._internal.distribute import coordinator
+from tfray._internal.runtime.resolver import RefResolver
+from tfray._internal.runtime.status import BatchError, Code
 from tfray._internal.sources import UNKNOWN_CARDINALITY, Source
-from tfray._internal.status import BatchError, Code
 
 # A coordinator no worker has called for this long ends itself.
 _IDLE_S = 600.0

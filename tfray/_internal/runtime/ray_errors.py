@@ -5,7 +5,7 @@ import re
 import ray
 import ray.exceptions
 
-from tfray._internal.status import BatchError, Code, EpochError
+from tfray._internal.runtime.status import BatchError, Code, EpochError
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

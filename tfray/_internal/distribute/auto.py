@@ -21,7 +21,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import multi_worker_util
 
 from tfray._internal import sources
-from tfray._internal.dynamic import DynamicSharding, DynamicSource
+from tfray._internal.distribute.dynamic import DynamicSharding, DynamicSource
 
 logger = logging.getLogger("tfray")
 

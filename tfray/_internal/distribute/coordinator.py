@@ -23,12 +23,12 @@ import asyncio
 import collections
 import logging
 import sys
-import threading
 import time
-import weakref
 
 import ray
 from ray import cloudpickle
+
+from tfray._internal.runtime import runtime
 
 # By value, like the producers (generators.py): by reference, the actor's
 # process would import tfray, and with it TensorFlow (seconds, hundreds of MB).
@@ -222,42 +222,6 @@ def connect(name, *, num_units, lease_s, idle_s):
     ).remote(num_units, lease_s, idle_s)
 
 
-class Heartbeat:
-    """Renews this process's leases every ``lease_s / 4`` on one daemon thread.
-
-    A worker whose consumer is slow may not ask for work for a while; it is
-    alive all the same, and must keep its units.
-    """
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._clients = weakref.WeakSet()  # guarded by _lock.
-        self._thread = None  # guarded by _lock.
-
-    def add(self, client):
-        with self._lock:
-            self._clients.add(client)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="tfray-lease", daemon=True)
-                self._thread.start()
-
-    def _run(self):
-        while True:
-            with self._lock:
-                clients = list(self._clients)
-            period = min((c.lease_s for c in clients), default=4.0) / 4
-            for client in clients:
-                try:
-                    client.renew()
-                except Exception:  # noqa: BLE001  One stale handle must not stop the others' renewal.
-                    logger.debug("tfray: renewing a lease failed", exc_info=True)
-            del clients  # A dropped dataset's client may go while this sleeps.
-            time.sleep(period)
-
-
-_heartbeat = Heartbeat()
-
-
 class Client:
     """One worker's side of a coordinator: its id, handle and lease renewal."""
 
@@ -275,7 +239,7 @@ class Client:
                 "different datasets under one name. Give each dataset its own name "
                 "(tfray.DynamicSharding(name=...)), or build the same dataset everywhere."
             )
-        _heartbeat.add(self)
+        runtime.get().heartbeat.add(self)  # Renews its leases.
 
     def begin(self):
         return self._call("begin", self.worker)

@@ -13,62 +13,65 @@ import threading
 
 import numpy as np
 
-from tfray._internal import pins, ray_errors
-from tfray._internal.status import BatchError, Code, EpochError
+from tfray._internal.runtime import ray_errors
+from tfray._internal.runtime.status import BatchError, Code, EpochError
 
 logger = logging.getLogger("tfray")
 
 # How long a wait may block before the feeder checks for cancellation.
 _POLL_S = 0.1
 
-_live_lock = threading.Lock()
-_live = set()  # Running feeders; guarded by _live_lock.
-_idle = 0  # Pool threads waiting for a feeder to run; guarded by _live_lock.
-_stopped = False  # Set by stop_all at exit; guarded by _live_lock.
-_jobs = queue.SimpleQueue()
-
-
-def start(feeder):
-    """Runs ``feeder`` on an idle pool thread, or a new one.
+class FeederPool:
+    """The threads feeders run on (the runtime's): reused from epoch to epoch.
 
     Reusing threads keeps a new epoch from waiting on a thread's start-up
     handshake, which takes the GIL several times: slow when it is contended.
     """
-    global _idle
-    with _live_lock:
-        if _stopped:  # Exiting: its thread could not finish before finalization.
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._live = set()  # Running feeders; guarded by _lock.
+        self._idle = 0  # Threads waiting for a feeder to run; guarded by _lock.
+        self._stopped = False  # Guarded by _lock.
+        self._jobs = queue.SimpleQueue()
+
+    def start(self, feeder):
+        """Runs ``feeder`` on an idle thread, or a new one."""
+        with self._lock:
+            if self._stopped:  # Exiting: its thread could not finish before finalization.
+                feeder.channel.cancel()
+                return
+            self._live.add(feeder)
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1
+        self._jobs.put(feeder)
+        if spawn:
+            threading.Thread(target=self._work, name="tfray-feeder", daemon=True).start()
+
+    def stop(self, timeout):
+        """Cancels every running feeder's channel, waits for them, and starts no more."""
+        with self._lock:
+            self._stopped = True
+            feeders = list(self._live)
+        for feeder in feeders:
             feeder.channel.cancel()
-            return
-        _live.add(feeder)
-        spawn = _idle == 0
-        if not spawn:
-            _idle -= 1
-    _jobs.put(feeder)
-    if spawn:
-        threading.Thread(target=_work, name="tfray-feeder", daemon=True).start()
+        for feeder in feeders:
+            feeder.done.wait(timeout)
+        for _ in range(len(feeders) + self._idle):
+            self._jobs.put(None)  # Ends the threads.
 
-
-def _work():
-    global _idle
-    while True:
-        feeder = _jobs.get()
-        if feeder is None:
-            return
-        feeder.run()
-        with _live_lock:
-            _idle += 1
-
-
-def stop_all(timeout):
-    """Cancels every running feeder's channel, waits for them, and starts no more."""
-    global _stopped
-    with _live_lock:
-        _stopped = True
-        feeders = list(_live)
-    for feeder in feeders:
-        feeder.channel.cancel()
-    for feeder in feeders:
-        feeder.done.wait(timeout)
+    def _work(self):
+        while True:
+            feeder = self._jobs.get()
+            if feeder is None:
+                return
+            try:
+                feeder.run()
+            finally:
+                with self._lock:
+                    self._live.discard(feeder)
+                    self._idle += 1
 
 
 def aligned_copy(array, alignment):
@@ -95,7 +98,7 @@ class Copied:
 
 
 class Feeder:
-    """Feeds one epoch from ``stream`` into ``channel`` (see ``start``).
+    """Feeds one epoch from ``stream`` into ``channel``, on a FeederPool thread.
 
     Args:
         stream: ``next_ready(timeout)`` returns resolved ``(label, value,
@@ -103,13 +106,17 @@ class Feeder:
             counts refs being resolved; ``close()`` stops its producers.
         flat_spec: the source's FlatSpec.
         channel: the native channel of the TF iterator this epoch serves.
+        pins: the runtime's Pins, which keep each batch alive while TF uses it.
         alignment: the byte alignment TF tensors need.
         on_end: called (on the feeder's thread) once every batch of the
             epoch is in the channel, unless the epoch was cancelled.
         name: the dataset this epoch is of, for messages.
     """
 
-    def __init__(self, stream, flat_spec, channel, *, alignment, on_end=None, name="tfray.Dataset"):
+    def __init__(
+        self, stream, flat_spec, channel, *, pins, alignment, on_end=None, name="tfray.Dataset"
+    ):
+        self._pins = pins
         self.done = threading.Event()
         self._name = name
         self._on_end = on_end
@@ -152,8 +159,6 @@ class Feeder:
                 self._stream = None  # Stats outlive the epoch; its data need not.
                 self.refs_in_flight = 0
                 self._channel.close()
-                with _live_lock:
-                    _live.discard(self)
         return False
 
     def _feed(self):
@@ -211,7 +216,7 @@ class Feeder:
                 bytes_copied += array.nbytes
                 arrays_copied += 1
         # Pin the batch as it came, plus any copies made from it.
-        token = pins.pin((value, arrays))
+        token = self._pins.pin((value, arrays))
         return (arrays, token, bytes_copied, arrays_copied)
 
     def _push(self, entries):

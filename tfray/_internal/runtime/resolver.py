@@ -9,7 +9,7 @@ import collections
 
 import ray
 
-from tfray._internal import ray_errors
+from tfray._internal.runtime import ray_errors
 
 
 class RefResolver:
