@@ -19,7 +19,7 @@ from ray import cloudpickle
 
 import tfray
 from conftest import without_prefetch
-from tfray._internal import generators
+from tfray._internal.sources import generators
 from tfray._internal.distribute import coordinator
 
 # By value: the consumer actors' processes cannot import this test module.

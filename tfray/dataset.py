@@ -8,9 +8,10 @@ import ray
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 
-from tfray._internal import ray_data, sources
+from tfray._internal import sources
 from tfray._internal.distribute import auto as distribute
 from tfray._internal.runtime import native, runtime, stats
+from tfray._internal.sources import ray_data
 
 _MAX_INFLIGHT_PER_PRODUCER = 2
 _RAY_DATA_CAPACITY = 4

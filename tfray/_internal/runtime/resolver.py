@@ -78,29 +78,3 @@ class RefResolver:
                 except Exception as e:  # noqa: PERF203
                     out.append((label, None, ray_errors.translate(e, label)))
             return out
-
-
-class RefList:
-    """The refs of one epoch of ``from_refs``, labelled by position.
-
-    ``start`` is the position of the first ref in the epoch (after a resume).
-    """
-
-    def __init__(self, refs, start=0):
-        self._refs = iter(refs)
-        self._index = start
-        self.done = False
-
-    def take(self, n, timeout):
-        out = []
-        while len(out) < n:
-            ref = next(self._refs, None)
-            if ref is None:
-                self.done = True
-                break
-            out.append((f"batch {self._index}", ref))
-            self._index += 1
-        return out
-
-    def close(self):
-        self._refs = iter(())

@@ -17,11 +17,13 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from tfray._internal import columns as columns_lib
 from tfray._internal.runtime.feeder import Copied
 from tfray._internal.runtime.lookahead import LookAhead
 from tfray._internal.runtime.resolver import RefResolver
 from tfray._internal.runtime.status import BatchError, Code
+from tfray._internal.sources import columns as columns_lib
+from tfray._internal.sources import resume
+from tfray._internal.sources.base import Source
 
 GROUPS = ("feature_columns", "label_columns", "additional_columns")
 TYPE_SPECS = ("feature_type_spec", "label_type_spec", "additional_type_spec")
@@ -360,3 +362,55 @@ def _concatenate(column, arrays):
             rows[i] = row  # One by one: a slice assignment would broadcast rows.
         return rows
     return np.concatenate(arrays)
+
+
+class RayDataSource(Source):
+    """A Ray Data Dataset or DataIterator, streamed once per epoch.
+
+    Nothing runs until an iterator reads: the spec comes from the schema
+    (see ``layout``), and each epoch starts at its first read.
+    """
+
+    kind = "from_ray_data"
+
+    def __init__(self, data, *, layout, capacity, iter_batches_args):
+        self._data = data
+        self._layout = layout
+        self._capacity = capacity
+        self._iter_batches_args = iter_batches_args
+        if not layout.dense:
+            self.decode = layout.decode
+        super().__init__(layout.element_spec, capacity=capacity)
+
+    def _wire_spec(self):
+        return self._layout.wire_spec
+
+    def _start(self):
+        import ray.data
+
+        elements = Elements(self._layout)
+        args = self._iter_batches_args
+        if isinstance(self._data, ray.data.Dataset) and args["local_shuffle_buffer_size"] is None:
+            return BlockBatches(
+                self._data,
+                elements,
+                batch_size=args["batch_size"],
+                drop_last=args["drop_last"],
+                columns=self._layout.read(),
+                max_inflight=self._capacity,
+            )
+        return IterBatches(self._data, elements, args)
+
+    def open_epoch(self, *, deterministic, skip=0):
+        stream = self._start()
+        if skip:
+            if not preserves_order(self._data, self._iter_batches_args):
+                resume.warn_inexact(
+                    "from_ray_data",
+                    skip,
+                    "Ray Data may order blocks differently each run (set "
+                    "DataContext.get_current().execution_options.preserve_order = True, "
+                    "and seed any shuffle)",
+                )
+            stream = resume.SkippedItems(stream, skip)
+        return stream

@@ -21,13 +21,17 @@ tasks do. Other resources (GPUs, custom ones) are reserved as asked.
 
 import functools
 import inspect
+import numbers
 import time
 
 import ray
 from ray import cloudpickle
 
-from tfray._internal import producer
-from tfray._internal.runtime import ray_errors
+from tfray._internal.runtime import ray_errors, spec
+from tfray._internal.runtime.lookahead import START, LookAhead
+from tfray._internal.runtime.resolver import RefResolver
+from tfray._internal.sources import producer, resume
+from tfray._internal.sources.base import Source, default_budget, positive_int
 
 # By value: by reference, every producer process would import tfray and
 # TensorFlow (seconds and hundreds of MB each) just to find this function.
@@ -217,3 +221,119 @@ class GeneratorShards:
                 return None
             time.sleep(pause if left is None else min(pause, left))
             pause = min(2 * pause, _LAST_PAUSE_S)
+
+
+class GeneratorSource(Source):
+    """``fn(shard)`` generators, each run as a streaming Ray task per epoch."""
+
+    kind = "from_generators"
+
+    def __init__(
+        self, fn, shards, *, element_spec, max_inflight_per_producer, deterministic, ray_remote_args
+    ):
+        if not callable(fn):
+            raise TypeError(f"from_generators: fn must be callable, got {type(fn).__name__}")
+        check_generator_function(fn)
+        if isinstance(shards, bool) or not isinstance(shards, (numbers.Integral, list, tuple)):
+            raise TypeError(
+                f"from_generators: shards must be an int or a list, got {type(shards).__name__}"
+            )
+        if isinstance(shards, numbers.Integral):
+            shards = range(positive_int("shards", shards))
+        self._shards = list(shards)
+        if not self._shards:
+            raise ValueError("from_generators: shards is empty")
+        if deterministic not in (None, True, False):
+            raise TypeError(f"deterministic: expected None or a bool, got {deterministic!r}")
+        if ray_remote_args is not None and not isinstance(ray_remote_args, dict):
+            raise TypeError(f"ray_remote_args: expected a dict, got {type(ray_remote_args).__name__}")
+        self._fn = fn
+        self._per_producer = positive_int("max_inflight_per_producer", max_inflight_per_producer)
+        self._deterministic = deterministic
+        self._ray_remote_args = ray_remote_args
+        # The most batches resolved ahead: as many per running producer as
+        # each may have waiting in Ray.
+        self._window = self._per_producer * concurrency(len(self._shards), ray_remote_args)
+        # Without element_spec, it is learned when first asked for: by then a
+        # worker's share is known, and only the share's producers run.
+        super().__init__(element_spec, capacity=self._window)
+
+    def work_units(self):
+        """For ``sharding="dynamic"``: ``(key, count, at_once)``, a unit per shard.
+
+        ``key`` names the function and the shards, the same in every process
+        (None if the function has no such name); ``at_once`` is how many
+        producers can run together.
+        """
+        name = stable_name(self._fn)
+        key = None if name is None else f"generators:{name}:{self._shards!r}"
+        return key, len(self._shards), concurrency(len(self._shards), self._ray_remote_args)
+
+    def unit_refs(self, unit):
+        """The ref stream of work unit ``unit``: shard ``unit``'s producer."""
+        return self._producer(unit, self._per_producer)
+
+    def _producer(self, number, max_inflight):
+        """The ref stream of shard ``number`` alone."""
+        return GeneratorShards(
+            self._fn,
+            [self._shards[number]],
+            max_inflight_per_producer=max_inflight,
+            ray_remote_args=self._ray_remote_args,
+            concurrency=1,
+            shard_numbers=[number],
+        )
+
+    def shard(self, num_shards, index):
+        return GeneratorSource(
+            self._fn,
+            self._shards[index::num_shards],
+            element_spec=self._element_spec,
+            max_inflight_per_producer=self._per_producer,
+            deterministic=self._deterministic,
+            ray_remote_args=self._ray_remote_args,
+        )
+
+    def _start(self):
+        return GeneratorShards(
+            self._fn,
+            self._shards,
+            max_inflight_per_producer=self._per_producer,
+            ray_remote_args=self._ray_remote_args,
+            concurrency=concurrency(len(self._shards), self._ray_remote_args),
+        )
+
+    def _infer_spec(self):
+        # Runs one producer at a time, only to its first batch, and stops it:
+        # an epoch started here and left unread would hold its CPUs, and the
+        # next dataset's producers (a validation set, say) could never start.
+        for number in range(len(self._shards)):
+            stream = self._producer(number, 1)
+            try:
+                first = stream.take(1, timeout=None)
+                if first:
+                    label, ref = first[0]
+                    try:
+                        return spec.infer(ray.get(ref))
+                    except ray.exceptions.RayTaskError as e:
+                        raise ValueError(
+                            f"from_generators: {label} raised while inferring element_spec: {e}"
+                        ) from e
+            finally:
+                stream.close()
+        raise ValueError("from_generators: no shard yielded a batch; pass element_spec.")
+
+    def open_epoch(self, *, deterministic, skip=0):
+        shards = self._start()
+        shards.deterministic = deterministic if self._deterministic is None else self._deterministic
+        if skip:
+            if not shards.deterministic:
+                resume.warn_inexact("from_generators", skip, "its shards interleave first-ready (deterministic=False)")
+            shards = resume.SkippedRefs(shards, skip)
+        # Starts small and grows only while TF waits, within the window and
+        # a quarter of the store, as from_refs' does: what an epoch pins
+        # ahead stays bounded whatever the batches' size.
+        lookahead = LookAhead(
+            budget_bytes=default_budget(), start=min(START, self._window), cap=self._window
+        )
+        return RefResolver(shards, lookahead=lookahead)

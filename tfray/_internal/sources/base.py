@@ -1,0 +1,158 @@
+"""What every source has: a spec, a bound, its recent epochs, and the checks they share.
+
+A source knows its element spec, cardinality and channel capacity, and opens
+a stream per epoch (see ``runtime/feeder.py`` for what a stream is). One
+module per kind holds its source, its streams and its argument checks:
+``refs.py``, ``generators.py``, ``ray_data.py``.
+"""
+
+import collections
+import logging
+import numbers
+import threading
+
+import ray
+
+from tfray._internal.runtime import ray_errors, spec
+from tfray._internal.runtime.lookahead import LookAhead
+
+logger = logging.getLogger("tfray")
+
+UNKNOWN_CARDINALITY = -2
+
+
+def ensure_ray():
+    """Starts a local Ray if none is running, and says so."""
+    if not ray.is_initialized():
+        ray.init()
+        logger.warning(
+            "tfray: Ray was not initialized; started a local Ray instance "
+            "(call ray.init() first to choose its resources)."
+        )
+
+
+def positive_int(name, value):
+    """``value`` as an int >= 1 (numpy ints too), or a TypeError / ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name}: expected >= 1, got {value}")
+    return int(value)
+
+
+class Source:
+    """What every source has: a spec, a bound, and its recent epochs' feeders."""
+
+    cardinality = UNKNOWN_CARDINALITY
+    replays = False  # Every epoch has the same batches: the next may start early.
+    kind = "tfray.Dataset"  # What the user built, for messages.
+    # A tf function from the op's dense element (``wire_spec``) to the
+    # source's (``element_spec``), mapped over the op; None: they are one.
+    decode = None
+
+    def __init__(self, element_spec, capacity):
+        self.session = ray_errors.session()  # Its refs and producers live in this one.
+        self._element_spec = element_spec  # None: learned on first use.
+        self._flat_spec = None
+        self.capacity = capacity  # Batches each epoch's channel holds.
+        self.epochs = 0  # Epochs started; the dispatcher's alone.
+        self._lock = threading.Lock()
+        self._feeders = collections.deque(maxlen=256)  # For stats(); guarded by _lock.
+        self._offered = None  # The feeder of an epoch offered ahead; guarded by _lock.
+
+    @property
+    def element_spec(self):
+        self._learn_spec()
+        return self._element_spec
+
+    @property
+    def wire_spec(self):
+        """The spec of what the op carries: dense tensors only."""
+        self._learn_spec()
+        return self._wire_spec()
+
+    def _wire_spec(self):
+        return self._element_spec
+
+    @property
+    def flat_spec(self):
+        return self._learn_spec()
+
+    def _learn_spec(self):
+        if self._flat_spec is None:
+            if self._element_spec is None:
+                self._element_spec = self._infer_spec()
+            self._flat_spec = spec.FlatSpec(self._wire_spec())  # Checks it, too.
+        return self._flat_spec
+
+    def _infer_spec(self):
+        raise NotImplementedError
+
+    def open_epoch(self, *, deterministic, skip=0):
+        """A stream of one epoch, past its first ``skip`` items (see resume.py)."""
+        raise NotImplementedError
+
+    def shard(self, num_shards, index):
+        """A source of this one's share ``index`` of ``num_shards``."""
+        raise TypeError(
+            f"{type(self).__name__} cannot be sharded at the source; shard the "
+            "data before it reaches tfray (for Ray Data: Ray Train's "
+            "get_dataset_shard, or Dataset.split)."
+        )
+
+    def work_units(self):
+        """For ``sharding="dynamic"``: ``(key, count, at_once)`` of its work units."""
+        raise TypeError(
+            f"sharding='dynamic' hands out refs or generator shards; {type(self).__name__} "
+            "has neither (for Ray Data: Ray Train's get_dataset_shard, or "
+            "Dataset.streaming_split, already hands out blocks on demand)."
+        )
+
+    def lookahead(self):
+        """The look-ahead of a new epoch: fixed, at the channel's capacity."""
+        return LookAhead(fixed=self.capacity)
+
+    def record(self, feeder):
+        with self._lock:
+            self._feeders.append(feeder)
+
+    def has_offer(self):
+        with self._lock:
+            return self._offered is not None
+
+    def offer(self, feeder, publish):
+        """Offers the epoch ``feeder`` fills to the next iterator, via ``publish()``.
+
+        False if there is an offer already or ``publish()`` fails. Under the
+        lock, so the dispatcher cannot see the offer taken before it is kept.
+        """
+        with self._lock:
+            if self._offered is not None or not publish():
+                return False
+            self._offered = feeder
+            return True
+
+    def take_offered(self):
+        """An iterator took the offered epoch: it counts from now on."""
+        with self._lock:
+            feeder, self._offered = self._offered, None
+            if feeder is not None:
+                self._feeders.append(feeder)
+
+    def feeders(self):
+        with self._lock:
+            feeders, offered = list(self._feeders), self._offered
+        # An offer taken, but not yet known to the dispatcher, is an epoch too.
+        if offered is not None and offered.channel.stats()["get_next_calls"]:
+            feeders.append(offered)
+        return feeders
+
+    def close(self):
+        """Forgets an epoch no iterator took (the dataset is gone)."""
+        with self._lock:
+            self._offered = None  # Unregistering cancelled its channel.
+
+
+def default_budget():
+    """A quarter of this node's object store."""
+    return int(ray.cluster_resources().get("object_store_memory", 0) // 4) or None
