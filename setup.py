@@ -8,6 +8,7 @@ imported from the build environment instead. Build without isolation:
 """
 
 import os
+import re
 import sys
 
 from setuptools import Extension, find_packages, setup
@@ -72,9 +73,15 @@ class BuildNative(build_ext):
             f.write(f"TF_COMPILE_FLAGS = {self._compile_flags!r}\n")
 
 
+def _version():
+    # Read, not imported: importing tfray needs the library this builds.
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tfray", "_version.py")) as f:
+        return re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
+
+
 setup(
     name="tfray",
-    version="0.1.0",
+    version=_version(),
     description="A zero-copy, GIL-free tf.data source over Ray's object store.",
     long_description=open("README.md").read() if os.path.exists("README.md") else "",
     long_description_content_type="text/markdown",

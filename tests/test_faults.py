@@ -195,6 +195,10 @@ class _RecordingChannel:
 
 
 class _Stream:
+    """An ItemStream of the given windows of items."""
+
+    lookahead = None
+
     def __init__(self, windows):
         self._windows = list(windows)
         self.in_flight = 0

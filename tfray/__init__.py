@@ -4,10 +4,9 @@ from tfray._internal.runtime.native import load as _load_native
 
 _load_native()  # Fails here, with how to rebuild, if built for another TF.
 
-from tfray._internal.distribute.dynamic import DynamicSharding  # noqa: E402
-from tfray._internal.runtime.stats import IteratorStats  # noqa: E402
+from tfray._version import __version__  # noqa: E402
 from tfray.dataset import Dataset  # noqa: E402
-
-__version__ = "0.1.0"
+from tfray.sharding import DynamicSharding  # noqa: E402
+from tfray.stats import IteratorStats  # noqa: E402
 
 __all__ = ["Dataset", "DynamicSharding", "IteratorStats", "__version__"]

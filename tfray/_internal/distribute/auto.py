@@ -21,7 +21,8 @@ import tensorflow as tf
 from tensorflow.python.distribute import multi_worker_util
 
 from tfray._internal import sources
-from tfray._internal.distribute.dynamic import DynamicSharding, DynamicSource
+from tfray._internal.distribute.dynamic import DynamicSource
+from tfray.sharding import DynamicSharding
 
 logger = logging.getLogger("tfray")
 
@@ -65,9 +66,6 @@ def share_of(source, *, sharding, input_context):
             e,
         )
         return source, None
-    # An epoch the whole source started to learn its element spec holds
-    # other workers' batches: stop it.
-    source.close()
     part.cardinality = sources.UNKNOWN_CARDINALITY
     logger.info("tfray: worker %d of %d reads its share at the source", index, num_shards)
     return part, share

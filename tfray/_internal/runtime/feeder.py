@@ -101,9 +101,7 @@ class Feeder:
     """Feeds one epoch from ``stream`` into ``channel``, on a FeederPool thread.
 
     Args:
-        stream: ``next_ready(timeout)`` returns resolved ``(label, value,
-            error)`` items ([] if none yet, None at the end); ``in_flight``
-            counts refs being resolved; ``close()`` stops its producers.
+        stream: the epoch's ItemStream (streams.py).
         flat_spec: the source's FlatSpec.
         channel: the native channel of the TF iterator this epoch serves.
         pins: the runtime's Pins, which keep each batch alive while TF uses it.
@@ -163,7 +161,7 @@ class Feeder:
 
     def _feed(self):
         """Feeds the epoch; True if it reached the end, False if cancelled."""
-        lookahead = getattr(self._stream, "lookahead", None)
+        lookahead = self._stream.lookahead
         if lookahead is None or not lookahead.adaptive:
             lookahead = None  # Fixed: the channel's capacity already says it.
         else:

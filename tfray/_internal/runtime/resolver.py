@@ -13,12 +13,10 @@ from tfray._internal.runtime import ray_errors
 
 
 class RefResolver:
-    """Turns a ref stream into resolved values, in the stream's order.
+    """An ItemStream of a RefStream's values, resolved in the stream's order.
 
     Args:
-        refs: a ref stream: ``take(n, timeout)`` returns up to n
-            ``(label, ref)`` pairs (waiting at most ``timeout``), ``done`` says
-            it has no more, ``close()`` stops its producers.
+        refs: a RefStream (streams.py).
         lookahead: a LookAhead; its ``limit`` bounds the refs taken but not
             yet handed on.
     """

@@ -213,6 +213,7 @@ class IterBatches:
     """One epoch as one run of Ray Data's ``iter_batches``."""
 
     in_flight = 0  # Ray Data keeps its own pipeline; nothing is pending here.
+    lookahead = None  # Fixed: the channel's capacity.
 
     def __init__(self, data, elements, iter_batches_args):
         self._batches = iter(data.iter_batches(batch_format="numpy", **iter_batches_args))
@@ -259,6 +260,8 @@ class BlockRefs:
 
 class BlockBatches:
     """One epoch sliced from resolved blocks into batches of ``batch_size`` rows."""
+
+    lookahead = None  # Fixed: the channel's capacity.
 
     def __init__(self, data, elements, *, batch_size, drop_last, columns, max_inflight):
         self._blocks = RefResolver(BlockRefs(data), lookahead=LookAhead(fixed=max_inflight))

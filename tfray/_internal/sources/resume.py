@@ -10,19 +10,17 @@ same items in the same order each time it is run.
 
 import logging
 
+from tfray._internal.runtime.streams import Wrapped
+
 logger = logging.getLogger("tfray")
 
 
-class SkippedRefs:
-    """A ``(label, ref)`` stream whose first ``skip`` pairs are dropped unread."""
+class SkippedRefs(Wrapped):
+    """A RefStream whose first ``skip`` refs are dropped unread."""
 
     def __init__(self, stream, skip):
-        self._stream = stream
+        super().__init__(stream)
         self._skip = skip
-
-    @property
-    def done(self):
-        return self._stream.done
 
     @property
     def deterministic(self):
@@ -40,20 +38,13 @@ class SkippedRefs:
             self._skip -= len(dropped)
         return self._stream.take(n, timeout)
 
-    def close(self):
-        self._stream.close()
 
-
-class SkippedItems:
-    """A resolved ``(label, value, error)`` stream whose first ``skip`` items are dropped."""
+class SkippedItems(Wrapped):
+    """An ItemStream whose first ``skip`` items are dropped once read."""
 
     def __init__(self, stream, skip):
-        self._stream = stream
+        super().__init__(stream)
         self._skip = skip
-
-    @property
-    def in_flight(self):
-        return self._stream.in_flight
 
     def next_ready(self, timeout):
         items = self._stream.next_ready(timeout)
@@ -62,9 +53,6 @@ class SkippedItems:
             self._skip -= dropped
             items = items[dropped:]
         return items
-
-    def close(self):
-        self._stream.close()
 
 
 def warn_inexact(source, skip, why):

@@ -1,0 +1,68 @@
+"""What one tfray iterator has done: ``tfray.IteratorStats``, from ``Dataset.stats()``."""
+
+import dataclasses
+
+# Waiting for input this share of an epoch or more makes it input-bound.
+INPUT_BOUND = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class IteratorStats:
+    """What one tfray iterator (one epoch) has done so far.
+
+    Attributes:
+        batches: batches delivered to TensorFlow.
+        bytes: bytes delivered to TensorFlow.
+        bytes_zero_copy: of ``bytes``, those handed over without a copy.
+        bytes_copied: of ``bytes``, those that had to be copied once
+            (unaligned or non-contiguous arrays).
+        arrays_copied: how many delivered arrays were copied.
+        consumer_wait_s: time TensorFlow waited on an empty channel
+            (the pipeline was input-bound).
+        producer_wait_s: time the feeder waited on a full channel
+            (the pipeline was consumer-bound).
+        active_s: from the iterator's creation to its latest batch: the
+            part of the epoch TensorFlow was reading.
+        refs_in_flight: refs being resolved ahead of the consumer now.
+        lookahead: batches the iterator may resolve ahead (it adapts
+            unless fixed with ``max_inflight``).
+        queued: batches resolved and waiting in the channel now.
+        get_next_calls: calls TensorFlow made for the next batch.
+        finished: the feeder has pushed the whole epoch, or stopped.
+        cancelled: the iterator is gone (dropped, even after a full
+            epoch, or cancelled by TensorFlow).
+    """
+
+    batches: int
+    bytes: int
+    bytes_zero_copy: int
+    bytes_copied: int
+    arrays_copied: int
+    consumer_wait_s: float
+    producer_wait_s: float
+    active_s: float
+    refs_in_flight: int
+    lookahead: int
+    queued: int
+    get_next_calls: int
+    finished: bool
+    cancelled: bool
+
+    def verdict(self):
+        """One line saying what bounded this epoch, for a training log.
+
+        Returns:
+            e.g. ``"input-bound: TensorFlow waited for input 38% of the epoch
+            (1200 batches, 0.95 GB/s)"``.
+        """
+        if self.active_s <= 0:
+            return "idle: TensorFlow has not read from this iterator"
+        waited = min(1.0, self.consumer_wait_s / self.active_s)
+        rate = f"{self.batches} batches, {self.bytes / self.active_s / 1e9:.2f} GB/s"
+        if waited >= INPUT_BOUND:
+            return f"input-bound: TensorFlow waited for input {waited:.0%} of the epoch ({rate})"
+        return (
+            f"not input-bound: TensorFlow waited for input {waited:.0%} of the epoch; "
+            f"the input pipeline waited for room {min(1.0, self.producer_wait_s / self.active_s):.0%} "
+            f"({rate})"
+        )
