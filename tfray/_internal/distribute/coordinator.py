@@ -28,7 +28,7 @@ import time
 import ray
 from ray import cloudpickle
 
-from tfray._internal.runtime import runtime
+from tfray._internal.runtime import ray_api, runtime
 
 # By value, like the producers (generators.py): by reference, the actor's
 # process would import tfray, and with it TensorFlow (seconds, hundreds of MB).
@@ -256,9 +256,9 @@ class Client:
 
     def _call(self, method, *args):
         try:
-            return ray.get(getattr(self._handle, method).remote(*args))
+            return ray_api.get(getattr(self._handle, method).remote(*args))
         except ray.exceptions.ActorDiedError:
             # It ended itself after a long idle spell: a fresh one (with no
             # history) takes its place under the same name.
             self._handle = connect(self.name, **self._args)
-            return ray.get(getattr(self._handle, method).remote(*args))
+            return ray_api.get(getattr(self._handle, method).remote(*args))

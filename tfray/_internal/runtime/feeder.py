@@ -147,9 +147,12 @@ class Feeder:
             # Once Ray is gone, say which dataset lost it.
             self._push_error(e if ray_errors.ray_running() else ray_errors.shutdown_error(self._name))
         except Exception as e:  # A feeder must never die silently.
-            self._push_error(
-                BatchError(Code.INTERNAL, f"tfray: the feeder failed: {type(e).__name__}: {e}")
-            )
+            if not ray_errors.ray_running():  # A Ray call met the shutdown.
+                self._push_error(ray_errors.shutdown_error(self._name))
+            else:
+                self._push_error(
+                    BatchError(Code.INTERNAL, f"tfray: the feeder failed: {type(e).__name__}: {e}")
+                )
         finally:
             try:
                 self._stream.close()  # Stops the epoch's producers.

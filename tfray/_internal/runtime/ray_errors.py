@@ -5,6 +5,7 @@ import re
 import ray
 import ray.exceptions
 
+from tfray._internal.runtime import ray_api
 from tfray._internal.runtime.status import BatchError, Code, EpochError
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -16,7 +17,7 @@ def ray_running():
 
 def session():
     """Which Ray session this process is in: its objects and tasks belong to it."""
-    context = ray.get_runtime_context()
+    context = ray_api.get_runtime_context()
     return context.get_node_id(), context.get_job_id()
 
 

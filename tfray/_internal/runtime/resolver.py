@@ -7,9 +7,7 @@ run of resolved refs at the window's head (one ``ray.wait`` and one
 
 import collections
 
-import ray
-
-from tfray._internal.runtime import ray_errors
+from tfray._internal.runtime import ray_api, ray_errors
 
 
 class RefResolver:
@@ -50,13 +48,13 @@ class RefResolver:
         # One call when the window is resolved (the common case); every Ray
         # call releases and retakes the GIL, slow when it is contended.
         unique = list(dict.fromkeys(ref for _, ref in self._window))
-        done, _ = ray.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
+        done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
         head = self._window[0][1]
         if head not in set(done):
-            done, _ = ray.wait([head], num_returns=1, timeout=timeout, fetch_local=True)
+            done, _ = ray_api.wait([head], num_returns=1, timeout=timeout, fetch_local=True)
             if not done:
                 return []
-            done, _ = ray.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
+            done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
         done = set(done)
         ready = []
         while self._window and self._window[0][1] in done:
@@ -67,12 +65,12 @@ class RefResolver:
     def _resolve(ready):
         refs = [ref for _, ref in ready]
         try:
-            return [(label, value, None) for (label, _), value in zip(ready, ray.get(refs))]
+            return [(label, value, None) for (label, _), value in zip(ready, ray_api.get(refs))]
         except Exception:  # Find out which ones failed, and why.
             out = []
             for label, ref in ready:
                 try:
-                    out.append((label, ray.get(ref), None))
+                    out.append((label, ray_api.get(ref), None))
                 except Exception as e:  # noqa: PERF203
                     out.append((label, None, ray_errors.translate(e, label)))
             return out

@@ -27,7 +27,7 @@ import time
 import ray
 from ray import cloudpickle
 
-from tfray._internal.runtime import ray_errors, spec
+from tfray._internal.runtime import ray_api, ray_errors, spec
 from tfray._internal.runtime.lookahead import START, LookAhead
 from tfray._internal.runtime.resolver import RefResolver
 from tfray._internal.sources import producer, resume
@@ -173,9 +173,9 @@ class GeneratorShards:
             # Cancelling a task that is completing can crash this process
             # (Ray's "Tried to complete task that was not pending" check);
             # one that has completed needs no cancel.
-            done, _ = ray.wait([generator.completed()], timeout=0)
+            done, _ = ray_api.wait([generator.completed()], timeout=0)
             if not done:
-                ray.cancel(generator)
+                ray_api.cancel(generator)
         self._running = []
         self._next_shard = len(self._shards)
         self.done = True
@@ -213,7 +213,7 @@ class GeneratorShards:
                 generators = [self._running[self._turn][1]]
             else:
                 generators = [g for _, g in self._running]
-            ready, _ = ray.wait(generators, num_returns=1, timeout=0)
+            ready, _ = ray_api.wait(generators, num_returns=1, timeout=0)
             if ready:
                 return self._turn if self.deterministic else generators.index(ready[0])
             left = None if deadline is None else deadline - time.monotonic()
