@@ -1,0 +1,211 @@
+"""Pure unit tests, no Ray: the look-ahead, the coordinator's leases, the epoch offer.
+
+They pin down the rules those pieces follow, so a change to one shows here
+first, without a cluster.
+"""
+
+import asyncio
+
+import pytest
+
+from tfray._internal.distribute import coordinator
+from tfray._internal.runtime import lookahead as lookahead_lib
+from tfray._internal.runtime import ray_errors
+from tfray._internal.runtime.lookahead import LookAhead
+from tfray._internal.sources.base import Source
+
+pytestmark = pytest.mark.timeout(30)
+
+MB = 1 << 20
+
+
+# The look-ahead.
+
+
+def test_lookahead_doubles_only_while_tensorflow_waits_up_to_its_cap():
+    la = LookAhead(start=2, cap=16)
+    waited = 0.0
+    limits = []
+    for _ in range(6):
+        waited += 0.01  # TF waited 10 ms since the last check.
+        limits.append(la.update(waited))
+    assert limits == [4, 8, 16, 16, 16, 16]
+    assert la.update(waited) == 16  # No new wait: it stays.
+
+
+def test_lookahead_keeps_what_it_pins_within_the_budget_and_shrinks_to_it():
+    changes = []
+    la = LookAhead(start=8, cap=64, budget_bytes=64 * MB, on_change=changes.append)
+    la.observe(16 * MB)  # Twice the look-ahead (window and channel) must fit in 64 MB.
+    assert la.update(0.0) == 2
+    la.update(1.0)
+    assert la.limit == 2 and changes == [2]
+    small = LookAhead(start=2, cap=64, budget_bytes=64 * MB)
+    small.observe(MB)
+    assert small.update(1.0) == 4  # Room for 32 batches of 1 MB: it may grow.
+
+
+def test_lookahead_never_falls_below_one_batch():
+    la = LookAhead(start=2, budget_bytes=MB)
+    la.observe(100 * MB)
+    assert la.update(1.0) == 1
+
+
+def test_a_fixed_lookahead_does_not_adapt():
+    la = LookAhead(fixed=5)
+    assert not la.adaptive
+    la.observe(100 * MB)
+    assert la.update(10.0) == 5
+
+
+def test_short_waits_are_noise():
+    la = LookAhead(start=2)
+    assert la.update(lookahead_lib._WAIT_S / 2) == 2
+
+
+# The coordinator's leases and unit accounting (the actor's class, run on a local loop).
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(coordinator.time, "monotonic", clock)
+    return clock
+
+
+def run(coordinator_calls):
+    return asyncio.run(coordinator_calls())
+
+
+def make(num_units, lease_s=10.0):
+    cls = coordinator.Coordinator.__ray_actor_class__
+    return cls(num_units, lease_s, 3600.0)
+
+
+def test_each_unit_goes_to_one_worker_and_a_worker_holds_at_most_half_its_share(clock):
+    async def calls():
+        c = make(8)
+        await c.join("a")
+        await c.join("b")
+        epoch = await c.begin("a")
+        assert epoch == 0 and await c.begin("b") == 0
+        a, over = await c.acquire("a", 0, 8, [], 0)
+        assert a == [0, 1] and not over  # Half of a fair share of 4.
+        b, _ = await c.acquire("b", 0, 8, [], 0)
+        assert b == [2, 3]
+        more, _ = await c.acquire("a", 0, 8, a, 0)  # Finishing frees room.
+        assert more == [4, 5]
+        rest, _ = await c.acquire("b", 0, 8, b, 0)
+        assert rest == [6, 7]
+        done_a, over = await c.acquire("a", 0, 8, more, 0)
+        assert done_a == [] and not over  # b still holds two.
+        _, over = await c.acquire("b", 0, 8, rest, 0)
+        assert over
+        taken = await c.taken()
+        assert sorted(taken[0]["a"] + taken[0]["b"]) == list(range(8))
+        assert await c.begin("a") == 0  # a has not seen epoch 0 end yet.
+        assert await c.acquire("a", 0, 8, [], 0) == ([], True)
+        assert await c.begin("a") == 1  # Now its next iterator reads the next epoch.
+
+    run(calls)
+
+
+def test_released_units_go_back_to_the_front_for_others(clock):
+    async def calls():
+        c = make(4)
+        await c.join("a")
+        await c.join("b")
+        await c.begin("a")
+        await c.begin("b")
+        a, _ = await c.acquire("a", 0, 4, [], 0)
+        assert a == [0]
+        await c.release("a", 0, [], a)  # Dropped before TF took its batches.
+        b, _ = await c.acquire("b", 0, 4, [], 0)
+        assert b == [0]
+
+    run(calls)
+
+
+def test_a_worker_that_stops_renewing_loses_its_units(clock):
+    async def calls():
+        c = make(4, lease_s=10.0)
+        await c.join("a")
+        await c.join("b")
+        await c.begin("a")
+        await c.begin("b")
+        a, _ = await c.acquire("a", 0, 4, [], 0)
+        assert a == [0]
+        clock.now += 6
+        await c.renew(["b"])
+        clock.now += 6  # a last called 12 s ago: past its 10 s lease.
+        b, _ = await c.acquire("b", 0, 4, [], 0)
+        assert b[0] == 0  # a's unit went back to the front, to b.
+
+    run(calls)
+
+
+def test_a_late_worker_joins_the_oldest_epoch_not_over(clock):
+    async def calls():
+        c = make(2)
+        await c.join("a")
+        await c.begin("a")
+        await c.acquire("a", 0, 2, [], 0)
+        await c.join("b")
+        assert await c.begin("b") == 0
+
+    run(calls)
+
+
+# The offer of an epoch started ahead (the dispatcher's side of it).
+
+
+class FakeChannel:
+    def __init__(self, get_next_calls=0):
+        self.calls = get_next_calls
+
+    def stats(self):
+        return {"get_next_calls": self.calls}
+
+
+class FakeFeeder:
+    def __init__(self, calls=0):
+        self.channel = FakeChannel(calls)
+
+
+@pytest.fixture
+def source(monkeypatch):
+    monkeypatch.setattr(ray_errors, "session", lambda: ("node", "job"))
+    return Source(element_spec=None, capacity=2)
+
+
+def test_one_offer_at_a_time_and_only_when_published(source):
+    first, second = FakeFeeder(), FakeFeeder()
+    assert not source.offer(first, publish=lambda: False)  # The native registry refused it.
+    assert not source.has_offer()
+    assert source.offer(first, publish=lambda: True)
+    assert source.has_offer()
+    assert not source.offer(second, publish=lambda: True)  # One at a time.
+
+
+def test_an_offer_counts_as_an_epoch_once_taken(source):
+    offered = FakeFeeder()
+    source.offer(offered, publish=lambda: True)
+    assert source.feeders() == []  # Not read yet: not an epoch in stats().
+    offered.channel.calls = 1  # An iterator took it natively and read.
+    assert source.feeders() == [offered]
+    source.take_offered()  # The dispatcher heard of it.
+    assert not source.has_offer() and source.feeders() == [offered]
+
+
+def test_closing_forgets_an_offer_no_iterator_took(source):
+    source.offer(FakeFeeder(), publish=lambda: True)
+    source.close()
+    assert not source.has_offer() and source.feeders() == []
