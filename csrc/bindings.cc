@@ -67,6 +67,28 @@ PYBIND11_MODULE(_native, m) {
   using tfray::Channel;
   m.doc() = "tfray's native channel, registry and release queue.";
 
+  // The one definition of the status codes (channel.h); Python uses this.
+  py::enum_<tfray::Code>(m, "Code", py::arithmetic(),
+                         "Status codes, numbered as absl::StatusCode.")
+      .value("OK", tfray::Code::kOk)
+      .value("CANCELLED", tfray::Code::kCancelled)
+      .value("UNKNOWN", tfray::Code::kUnknown)
+      .value("INVALID_ARGUMENT", tfray::Code::kInvalidArgument)
+      .value("NOT_FOUND", tfray::Code::kNotFound)
+      .value("FAILED_PRECONDITION", tfray::Code::kFailedPrecondition)
+      .value("INTERNAL", tfray::Code::kInternal)
+      .value("UNAVAILABLE", tfray::Code::kUnavailable)
+      .value("DATA_LOSS", tfray::Code::kDataLoss);
+
+  using Request = tfray::SourceRegistry::Request;
+  py::class_<Request>(m, "EpochRequest",
+                      "A TF iterator's request for its epoch (channel.h).")
+      .def_readonly("key", &Request::key)
+      .def_readonly("channel", &Request::channel)
+      .def_readonly("deterministic", &Request::deterministic)
+      .def_readonly("skip", &Request::skip)
+      .def_readonly("offered", &Request::offered);
+
   py::class_<Channel, std::shared_ptr<Channel>>(m, "Channel")
       .def(py::init<size_t>(), py::arg("capacity"))
       .def(
@@ -137,22 +159,13 @@ PYBIND11_MODULE(_native, m) {
   m.def(
       "wait_requests",
       [](double timeout) {
-        std::vector<tfray::SourceRegistry::Request> requests;
-        {
-          py::gil_scoped_release release;
-          requests = tfray::SourceRegistry::Global().WaitRequests(timeout);
-        }
-        py::list out;
-        for (auto& r : requests) {
-          out.append(py::make_tuple(r.key, r.channel, r.deterministic, r.skip,
-                                    r.offered));
-        }
-        return out;
+        py::gil_scoped_release release;
+        return tfray::SourceRegistry::Global().WaitRequests(timeout);
       },
       py::arg("timeout"),
-      "Waits for new-epoch requests from TF iterators: "
-      "[(key, Channel, deterministic, skip, offered)]; offered: the iterator "
-      "took the channel offered for it (its feeder runs already).");
+      "Waits for new-epoch requests from TF iterators: a list of "
+      "EpochRequest; offered: the iterator took the channel offered for it "
+      "(its feeder runs already).");
   m.def(
       "offer_epoch",
       [](int64_t key, std::shared_ptr<Channel> channel) {

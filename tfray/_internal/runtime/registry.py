@@ -66,14 +66,15 @@ class Registry:
 
     def _dispatch(self):
         while not self._stop.is_set():
-            for key, channel, deterministic, skip, offered in self._lib.wait_requests(0.2):  # Without the GIL.
-                self._start_epoch(key, channel, deterministic, skip, offered)
+            for request in self._lib.wait_requests(0.2):  # Waits without the GIL.
+                self._start_epoch(request)
 
-    def _start_epoch(self, key, channel, deterministic, skip, offered):
+    def _start_epoch(self, request):
         # A method of its own so that no frame keeps the source alive while
         # the dispatcher waits: a collected dataset must free its refs.
+        key, channel = request.key, request.channel
         source = self._source(key)
-        if offered:  # An iterator took the epoch offered to it: its feeder runs.
+        if request.offered:  # An iterator took the epoch offered to it: its feeder runs.
             if source is not None:
                 source.epochs += 1
                 source.take_offered()
@@ -87,7 +88,7 @@ class Registry:
             return
         try:
             _check_session(key, source)
-            stream = source.open_epoch(deterministic=deterministic, skip=skip)
+            stream = source.open_epoch(deterministic=request.deterministic, skip=request.skip)
         except BatchError as e:
             channel.push_error(int(e.code), e.message)
             channel.close()

@@ -1,17 +1,9 @@
-"""Status codes shared with the native channel (absl::StatusCode numbers)."""
+"""Errors that take a batch's place, with the status codes of the native channel."""
 
-import enum
+from tfray._internal.runtime import native
 
-
-class Code(enum.IntEnum):
-    CANCELLED = 1
-    UNKNOWN = 2
-    INVALID_ARGUMENT = 3
-    NOT_FOUND = 5
-    FAILED_PRECONDITION = 9
-    INTERNAL = 13
-    UNAVAILABLE = 14
-    DATA_LOSS = 15
+# Defined once, in channel.h (absl::StatusCode numbers), and exported from there.
+Code = native.load().lib.Code
 
 
 class BatchError(Exception):
