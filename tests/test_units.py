@@ -90,13 +90,18 @@ def make(num_units, lease_s=10.0):
     return cls(num_units, lease_s, 3600.0)
 
 
+async def two_workers(c):
+    """Workers a and b join and begin epoch 0."""
+    for worker in ("a", "b"):
+        await c.join(worker)
+    for worker in ("a", "b"):
+        assert await c.begin(worker) == 0
+
+
 def test_each_unit_goes_to_one_worker_and_a_worker_holds_at_most_half_its_share(clock):
     async def calls():
         c = make(8)
-        await c.join("a")
-        await c.join("b")
-        epoch = await c.begin("a")
-        assert epoch == 0 and await c.begin("b") == 0
+        await two_workers(c)
         a, over = await c.acquire("a", 0, 8, [], 0)
         assert a == [0, 1] and not over  # Half of a fair share of 4.
         b, _ = await c.acquire("b", 0, 8, [], 0)
@@ -121,10 +126,7 @@ def test_each_unit_goes_to_one_worker_and_a_worker_holds_at_most_half_its_share(
 def test_released_units_go_back_to_the_front_for_others(clock):
     async def calls():
         c = make(4)
-        await c.join("a")
-        await c.join("b")
-        await c.begin("a")
-        await c.begin("b")
+        await two_workers(c)
         a, _ = await c.acquire("a", 0, 4, [], 0)
         assert a == [0]
         await c.release("a", 0, [], a)  # Dropped before TF took its batches.
@@ -137,10 +139,7 @@ def test_released_units_go_back_to_the_front_for_others(clock):
 def test_a_worker_that_stops_renewing_loses_its_units(clock):
     async def calls():
         c = make(4, lease_s=10.0)
-        await c.join("a")
-        await c.join("b")
-        await c.begin("a")
-        await c.begin("b")
+        await two_workers(c)
         a, _ = await c.acquire("a", 0, 4, [], 0)
         assert a == [0]
         clock.now += 6

@@ -4,12 +4,14 @@ import logging
 import threading
 import weakref
 
+from tfray._internal.runtime.service import Service
+
 logger = logging.getLogger("tfray")
 
 _IDLE_PERIOD_S = 1.0  # With no client, how often it looks for one.
 
 
-class Heartbeat:
+class Heartbeat(Service):
     """Renews each client's leases every ``lease_s / 4`` on one daemon thread.
 
     A worker whose consumer is slow may not ask for work for a while; it is
@@ -17,19 +19,12 @@ class Heartbeat:
     and ``renew()``; it is dropped when its dataset goes.
     """
 
+    name = "tfray-lease"
+
     def __init__(self):
+        super().__init__()
         self._lock = threading.Lock()
         self._clients = weakref.WeakSet()  # Guarded by _lock.
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tfray-lease", daemon=True)
-
-    def start(self):
-        self._thread.start()
-
-    def stop(self, timeout):
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
 
     def add(self, client):
         with self._lock:

@@ -9,26 +9,20 @@ thread drops the reference, and with it Ray's pin on the object.
 import itertools
 import threading
 
+from tfray._internal.runtime.service import Service
 
-class Pins:
+
+class Pins(Service):
     """The pinned batches and the release thread that unpins them (the runtime's)."""
 
+    name = "tfray-release"
+
     def __init__(self, lib):
+        super().__init__()
         self._lib = lib
         self._lock = threading.Lock()
         self._pinned = {}  # token id -> object; guarded by _lock.
         self._ids = itertools.count(1)  # next() is atomic under the GIL.
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tfray-release", daemon=True)
-
-    def start(self):
-        self._thread.start()
-
-    def stop(self, timeout):
-        """Stops the release thread (at exit: no thread may wait in C++ then)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
 
     def pin(self, obj):
         """Keeps ``obj`` alive until its returned token id is released."""

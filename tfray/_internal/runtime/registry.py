@@ -13,12 +13,13 @@ import threading
 
 from tfray._internal.runtime import ray_errors
 from tfray._internal.runtime.feeder import Feeder
+from tfray._internal.runtime.service import Service
 from tfray._internal.runtime.status import BatchError, Code
 
 logger = logging.getLogger("tfray")
 
 
-class Registry:
+class Registry(Service):
     """The sources of this process's datasets, and the dispatcher thread (the runtime's).
 
     Args:
@@ -27,23 +28,16 @@ class Registry:
         pins: the Pins that keep batches alive while TF uses them.
     """
 
+    name = "tfray-dispatch"
+
     def __init__(self, lib, feeders, pins):
+        super().__init__()
         self._lib = lib
         self._feeders = feeders
         self._pins = pins
         self._lock = threading.Lock()
         self._sources = {}  # key -> source; guarded by _lock.
         self._keys = itertools.count(1)  # next() is atomic under the GIL.
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._dispatch, name="tfray-dispatch", daemon=True)
-
-    def start(self):
-        self._thread.start()
-
-    def stop(self, timeout):
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
 
     def register(self, source):
         """Registers ``source``; returns the key its dataset graph carries."""
@@ -64,7 +58,7 @@ class Registry:
         with self._lock:
             return self._sources.get(key)
 
-    def _dispatch(self):
+    def _run(self):
         while not self._stop.is_set():
             for request in self._lib.wait_requests(0.2):  # Waits without the GIL.
                 self._start_epoch(request)
