@@ -40,7 +40,8 @@ class BuildNative(build_ext):
         import pybind11
 
         tf = _tensorflow()
-        if tuple(int(p) for p in tf.__version__.split(".")[:2]) < (2, 16):
+        major, minor = (int(p) for p in tf.__version__.split(".")[:2])
+        if (major, minor) < (2, 16):
             sys.exit(f"tfray needs TensorFlow 2.16 or newer, got {tf.__version__}.")
         compile_flags = tf.sysconfig.get_compile_flags()
         link_flags = tf.sysconfig.get_link_flags()
@@ -51,6 +52,8 @@ class BuildNative(build_ext):
                 "-fvisibility=hidden",
                 "-Wno-deprecated-declarations",
                 f'-DTFRAY_BUILT_TF_VERSION="{tf.__version__}"',
+                f"-DTFRAY_TF_MAJOR_VERSION={major}",
+                f"-DTFRAY_TF_MINOR_VERSION={minor}",
             ]
             ext.extra_link_args += link_flags
         if os.environ.get("TFRAY_SANITIZE"):

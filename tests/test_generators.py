@@ -1,6 +1,7 @@
 """tfray.Dataset.from_generators: parallel producers, ordered and bounded."""
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -49,13 +50,30 @@ def test_non_deterministic_delivers_everything_once():
         assert own == sorted(own)
 
 
+def late_first_shard():
+    """A generator function like ``counting(3)`` whose shard 0 starts 3 s late."""
+
+    def gen(shard):
+        if shard == 0:
+            time.sleep(3)
+        for i in range(3):
+            yield {"x": np.full((2, 3), shard * 100 + i, np.int64)}
+
+    return gen
+
+
 def test_deterministic_none_follows_tf_data_options():
-    """deterministic=None follows tf.data.Options().deterministic."""
-    ds = tfray.Dataset.from_generators(counting(3), 2)
-    assert ids(ds) == [0, 100, 1, 101, 2, 102]
+    """deterministic=None follows tf.data.Options().deterministic, after an injected prefetch too."""
+    ds = tfray.Dataset.from_generators(late_first_shard(), 2)
+    round_robin = [0, 100, 1, 101, 2, 102]
+    assert ids(ds) == round_robin  # No option set: deterministic.
     options = tf.data.Options()
+    options.deterministic = True
+    assert ids(ds.with_options(options)) == round_robin
     options.deterministic = False
-    assert sorted(ids(ds.with_options(options))) == [0, 1, 2, 100, 101, 102]
+    got = ids(ds.with_options(options).map(lambda b: b))
+    assert sorted(got) == sorted(round_robin)
+    assert got[0] == 100  # Whichever is ready first: shard 1, while shard 0 sleeps.
 
 
 def test_shard_arguments_and_dispatch():
