@@ -60,6 +60,9 @@ class BuildNative(build_ext):
             for ext in self.extensions:
                 ext.extra_compile_args += ["-fsanitize=address,undefined", "-g"]
                 ext.extra_link_args += ["-fsanitize=address,undefined"]
+        # A library left in build/ by an earlier build is up to date by its
+        # timestamps even when it was built against another TensorFlow.
+        self.force = True
         super().build_extensions()
         self._tf_version, self._compile_flags = tf.__version__, compile_flags
 

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import tfray
 from conftest import store_bytes_used, wait_until, without_prefetch
+from tfray._internal.sources import generators
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
 
@@ -210,3 +211,31 @@ def test_inferring_specs_holds_no_cpu_for_later_datasets():
     datasets = [tfray.Dataset.from_generators(counting(3), 2) for _ in range(3)]
     for ds in datasets:
         assert sorted(ids(ds)) == [0, 1, 2, 100, 101, 102]
+
+
+class _RemoteWithout:
+    """A stand-in remote function whose Ray knows only the options it is given."""
+
+    def __init__(self, known):
+        self.known, self.given = known, None
+
+    def options(self, **options):
+        for key in options:
+            if key not in self.known:
+                raise ValueError(f"Invalid option keyword {key} for remote functions. ")
+        self.given = options
+        return self
+
+
+def test_backpressure_option_is_passed_and_its_absence_warns(caplog):
+    """Ray's private backpressure option is set; a Ray without it runs producers unpaused, with a warning."""
+    options = {"num_cpus": 0, "num_returns": "streaming"}
+    with_it = _RemoteWithout({"num_returns", "num_cpus", generators.BACKPRESSURE_OPTION})
+    generators.with_backpressure(with_it, options, 3)
+    assert with_it.given == dict(options, **{generators.BACKPRESSURE_OPTION: 3})
+    without = _RemoteWithout({"num_returns", "num_cpus"})
+    generators.with_backpressure(without, options, 3)
+    assert without.given == options
+    assert "producers are not paused" in caplog.text
+    with pytest.raises(ValueError, match="num_gpus"):
+        generators.with_backpressure(without, {"num_gpus": 1}, 3)  # Other refusals still raise.

@@ -171,6 +171,17 @@ def _pack(nest, leaves):
     return tuple(_pack(v, leaves) for v in nest)
 
 
+def reads_blocks(data):
+    """Whether epochs of ``data`` can be read as block refs (``BlockBatches``).
+
+    That reading uses Ray Data's developer APIs ``Dataset.iter_internal_ref_bundles``
+    and ``RefBundle.block_refs`` (Ray 2.33 and newer). A Ray without them is
+    read through the public ``iter_batches`` (``IterBatches``): the same
+    batches, each copied by Ray Data.
+    """
+    return hasattr(data, "iter_internal_ref_bundles")
+
+
 def preserves_order(data, iter_batches_args):
     """Whether each run of ``data`` yields its rows in the same order."""
     import ray.data
@@ -245,8 +256,8 @@ class BlockRefs:
             self.done = True
             return []
         out = []
-        for entry in bundle.blocks:
-            out.append((f"block {self._index}", entry.ref))
+        for ref in bundle.block_refs:
+            out.append((f"block {self._index}", ref))
             self._index += 1
         return out
 
@@ -390,7 +401,11 @@ class RayDataSource(Source):
 
         elements = Elements(self._layout)
         args = self._iter_batches_args
-        if isinstance(self._data, ray.data.Dataset) and args["local_shuffle_buffer_size"] is None:
+        if (
+            isinstance(self._data, ray.data.Dataset)
+            and args["local_shuffle_buffer_size"] is None
+            and reads_blocks(self._data)
+        ):
             return BlockBatches(
                 self._data,
                 elements,
