@@ -102,8 +102,6 @@ def test_a_batch_within_one_block_reaches_tf_without_a_copy():
     np.testing.assert_array_equal(batch.numpy(), x)
     (stats,) = ds.stats()
     assert stats.bytes_copied == 0 and stats.bytes_zero_copy == x.nbytes
-    if tuple(int(p) for p in ray.__version__.split(".")[:2]) < (2, 46):
-        pytest.skip("Ray Data before 2.46 copies a tensor column as it converts a block to numpy")
     (bundle,) = list(data.iter_internal_ref_bundles())
     (block_ref,) = bundle.block_refs
     block = ray.get(block_ref)
