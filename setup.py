@@ -86,9 +86,8 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tfray", "tfray.*"]),
     python_requires=">=3.9",
-    # The Ray range tested: 2.52.1 (constraints-oldest.txt) to 2.60 (requirements-dev.txt),
-    # less 2.55.0, which leaves a dropped iterator's batches in the store (BUILD_NOTES.md).
-    install_requires=["numpy", "ray>=2.52.1,!=2.55.0,<3"],
+    # The Ray range tested: 2.57.1 (constraints-oldest.txt) to 2.60 (requirements-dev.txt).
+    install_requires=["numpy", "ray>=2.57.1,<3"],
     ext_modules=[
         Extension(
             "tfray._native",

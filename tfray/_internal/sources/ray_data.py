@@ -39,6 +39,20 @@ def _group_nest(columns):
     return columns if isinstance(columns, str) else {c: c for c in sorted(columns)}
 
 
+def _to_tf_type_spec():
+    """The private function ``to_tf`` types a column group with.
+
+    Ray 2.60 has it in ``ray.data._internal.utils.tensorflow_utils``; older
+    Ray (2.50 checked) in ``ray.air._internal.tensorflow_utils``, with the
+    same signature. Should a Ray have neither, the ImportError names the module.
+    """
+    try:
+        from ray.data._internal.utils.tensorflow_utils import get_type_spec
+    except ImportError:
+        from ray.air._internal.tensorflow_utils import get_type_spec
+    return get_type_spec
+
+
 def layout(data, groups, type_specs, element_spec):
     """The ``Layout`` of ``data``'s elements, typed as ``to_tf`` types them.
 
@@ -53,8 +67,7 @@ def layout(data, groups, type_specs, element_spec):
         type_specs: ``(feature_type_spec, label_type_spec, additional_type_spec)``.
         element_spec: the whole element's spec, or None.
     """
-    from ray.data._internal.utils.tensorflow_utils import get_type_spec
-
+    get_type_spec = _to_tf_type_spec()
     wanted = [g is not None and s is None for g, s in zip(groups, type_specs)]
     wanted[0] = type_specs[0] is None
     if groups[0] is None or (element_spec is None and any(wanted)):
