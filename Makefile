@@ -45,7 +45,8 @@ test-asan: deps
 # The oldest supported stack (TensorFlow 2.16, Ray 2.57.1, numpy 1.x), pinned in
 # constraints-oldest.txt, in its own virtualenv. tfray is installed the way a
 # user installs it, not in place: `pip install --no-build-isolation .`, which
-# also resolves install_requires, then again from a wheel built by `pip wheel`.
+# also resolves install_requires, for the smoke set; then from a wheel built by
+# `pip wheel`, for test_build.py.
 # Run from the source tree, the tests import the installed copy (conftest.py).
 COMPAT_VENV ?= .venv-compat
 COMPAT_PY := $(COMPAT_VENV)/bin/python
