@@ -42,7 +42,7 @@ ASAN_OPTIONS ?= detect_leaks=1:halt_on_error=1:detect_stack_use_after_return=1:s
 test-asan: deps
 	ASAN_OPTIONS=$(ASAN_OPTIONS) $(PY) -m pytest tests/test_channel_native.py $(PYTEST_ARGS)
 
-# The oldest supported stack (TensorFlow 2.16, Ray 2.58.1, numpy 1.x), pinned in
+# The oldest supported stack (TensorFlow 2.16, Ray 2.59, numpy 1.x), pinned in
 # constraints-oldest.txt, in its own virtualenv. tfray is installed the way a
 # user installs it, not in place: `pip install --no-build-isolation .`, which
 # also resolves install_requires, for the smoke set; then from a wheel built by

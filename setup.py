@@ -86,8 +86,8 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tfray", "tfray.*"]),
     python_requires=">=3.9",
-    # The Ray range tested: 2.58.1 (constraints-oldest.txt) to 2.60 (requirements-dev.txt).
-    install_requires=["numpy", "ray>=2.58.1,<3"],
+    # The Ray range tested: 2.59 (constraints-oldest.txt) to 2.60 (requirements-dev.txt).
+    install_requires=["numpy", "ray>=2.59,<3"],
     ext_modules=[
         Extension(
             "tfray._native",

@@ -63,7 +63,7 @@ def with_backpressure(remote_fn, options, max_inflight_per_producer):
         logger.warning(
             "from_generators: this Ray (%s) has no %s, so producers are not paused "
             "while their batches wait unconsumed: a slow trainer lets them fill the "
-            "object store (Ray spills to disk). tfray is tested with Ray 2.58.1 and newer.",
+            "object store (Ray spills to disk). tfray is tested with Ray 2.59 and newer.",
             ray.__version__,
             BACKPRESSURE_OPTION,
         )
