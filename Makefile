@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TF_PACKAGE ?= tensorflow-cpu==2.21.*
 PYTEST_ARGS ?=
 
-.PHONY: venv deps build test test-all test-native test-asan demo bench clean
+.PHONY: venv deps build test test-all test-native test-asan test-compat demo bench clean
 
 venv: $(PY)
 
@@ -41,6 +41,36 @@ test-all: build
 ASAN_OPTIONS ?= detect_leaks=1:halt_on_error=1:detect_stack_use_after_return=1:strict_init_order=1:check_initialization_order=1
 test-asan: deps
 	ASAN_OPTIONS=$(ASAN_OPTIONS) $(PY) -m pytest tests/test_channel_native.py $(PYTEST_ARGS)
+
+# The oldest supported stack (TensorFlow 2.16, Ray 2.59, numpy 1.x), pinned in
+# constraints-oldest.txt, in its own virtualenv. tfray is installed the way a
+# user installs it, not in place: `pip install --no-build-isolation .`, which
+# also resolves install_requires, for the smoke set; then from a wheel built by
+# `pip wheel`, for test_build.py.
+# Run from the source tree, the tests import the installed copy (conftest.py).
+COMPAT_VENV ?= .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_PIP := $(COMPAT_PY) -m pip install --quiet -c constraints-oldest.txt
+COMPAT_TESTS ?= tests/test_build.py tests/test_from_refs.py tests/test_zero_copy.py \
+	tests/test_errors.py tests/test_checkpoint.py tests/test_keras.py \
+	tests/test_generators.py tests/test_ray_data.py
+
+$(COMPAT_PY):
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install --quiet --upgrade pip
+
+$(COMPAT_VENV)/.deps: constraints-oldest.txt | $(COMPAT_PY)
+	$(COMPAT_PIP) tensorflow-cpu "ray[data]" tf-keras pybind11 setuptools wheel pytest pytest-timeout
+	touch $@
+
+test-compat: $(COMPAT_VENV)/.deps
+	$(COMPAT_PY) -m pip uninstall --quiet --yes tfray
+	$(COMPAT_PIP) --no-build-isolation .
+	$(COMPAT_PY) -m pytest -m "not slow" $(COMPAT_TESTS) $(PYTEST_ARGS)
+	rm -rf $(COMPAT_VENV)/wheel
+	$(COMPAT_PY) -m pip wheel --quiet --no-build-isolation --no-deps -w $(COMPAT_VENV)/wheel .
+	$(COMPAT_PIP) --force-reinstall --no-deps $(COMPAT_VENV)/wheel/tfray-*.whl
+	$(COMPAT_PY) -m pytest tests/test_build.py $(PYTEST_ARGS)
 
 demo: build
 	$(PY) examples/keras_fit.py

@@ -41,7 +41,8 @@ class BuildNative(build_ext):
         import pybind11
 
         tf = _tensorflow()
-        if tuple(int(p) for p in tf.__version__.split(".")[:2]) < (2, 16):
+        major, minor = (int(p) for p in tf.__version__.split(".")[:2])
+        if (major, minor) < (2, 16):
             sys.exit(f"tfray needs TensorFlow 2.16 or newer, got {tf.__version__}.")
         compile_flags = tf.sysconfig.get_compile_flags()
         link_flags = tf.sysconfig.get_link_flags()
@@ -52,12 +53,17 @@ class BuildNative(build_ext):
                 "-fvisibility=hidden",
                 "-Wno-deprecated-declarations",
                 f'-DTFRAY_BUILT_TF_VERSION="{tf.__version__}"',
+                f"-DTFRAY_TF_MAJOR_VERSION={major}",
+                f"-DTFRAY_TF_MINOR_VERSION={minor}",
             ]
             ext.extra_link_args += link_flags
         if os.environ.get("TFRAY_SANITIZE"):
             for ext in self.extensions:
                 ext.extra_compile_args += ["-fsanitize=address,undefined", "-g"]
                 ext.extra_link_args += ["-fsanitize=address,undefined"]
+        # A library left in build/ by an earlier build is up to date by its
+        # timestamps even when it was built against another TensorFlow.
+        self.force = True
         super().build_extensions()
         self._tf_version, self._compile_flags = tf.__version__, compile_flags
 
@@ -87,7 +93,8 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tfray", "tfray.*"]),
     python_requires=">=3.9",
-    install_requires=["numpy", "ray>=2.40"],
+    # The Ray range tested: 2.59 (constraints-oldest.txt) to 2.60 (requirements-dev.txt).
+    install_requires=["numpy", "ray>=2.59,<3"],
     ext_modules=[
         Extension(
             "tfray._native",

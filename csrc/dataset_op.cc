@@ -132,10 +132,10 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
       if (!SourceRegistry::Global().Lookup(dataset()->key_, &info)) {
         return NotRegistered();
       }
-      deterministic_ = true;
-      if (ctx->options() != nullptr && ctx->options()->has_deterministic()) {
-        deterministic_ = ctx->options()->deterministic();
-      }
+      const tensorflow::data::Options* options =
+          compat::PipelineOptions(ctx, this);
+      deterministic_ = options == nullptr || !options->has_deterministic() ||
+                       options->deterministic();
       return tensorflow::RegisterCancellationCallback(
           ctx->cancellation_manager(),
           [reading = reading_]() { reading->Cancel(); }, &deregister_fn_);

@@ -2,10 +2,38 @@
 
 import contextlib
 import gc
+import importlib.metadata
+import json
 import os
+import sys
 import time
 
 import pytest
+
+SOURCE_TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def installed_as_a_copy():
+    """Whether tfray is pip-installed as a copy (a regular install or a wheel).
+
+    An editable install (``make test``) or an in-place build is the source
+    tree itself; a regular install puts a copy, with its native library, in
+    site-packages.
+    """
+    try:
+        dist = importlib.metadata.distribution("tfray")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    direct_url = json.loads(dist.read_text("direct_url.json") or "{}")
+    return not direct_url.get("dir_info", {}).get("editable", False)
+
+
+# `python -m pytest` puts the current directory first on sys.path: run from
+# the source tree it would import the source `tfray/`, which has no native
+# library after `pip install .`. When tfray is installed as a copy, the tests
+# import that copy.
+if installed_as_a_copy():
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != SOURCE_TREE]
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")

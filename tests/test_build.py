@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import tfray
+from conftest import SOURCE_TREE, installed_as_a_copy
 from tfray import _build_info
 from tfray._internal.runtime import native
 
@@ -20,6 +21,14 @@ def test_built_with_the_running_tensorflows_flags():
     assert _build_info.TF_VERSION == tf.__version__
     assert native.load().lib.built_tf_version() == tf.__version__
     assert _build_info.TF_COMPILE_FLAGS == tf.sysconfig.get_compile_flags()
+
+
+def test_tests_import_the_installed_copy_when_installed_as_one():
+    """After `pip install .` or a wheel, tfray comes from site-packages, not the source tree."""
+    imported_from_source = os.path.dirname(os.path.abspath(tfray.__file__)) == os.path.join(
+        SOURCE_TREE, "tfray"
+    )
+    assert imported_from_source != installed_as_a_copy()
 
 
 def test_version_mismatch_message_says_expected_got_and_how_to_rebuild():

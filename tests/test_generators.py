@@ -1,6 +1,7 @@
 """tfray.Dataset.from_generators: parallel producers, ordered and bounded."""
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import tensorflow as tf
 
 import tfray
 from conftest import store_bytes_used, wait_until, without_prefetch
+from tfray._internal.sources import generators
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
 
@@ -49,13 +51,30 @@ def test_non_deterministic_delivers_everything_once():
         assert own == sorted(own)
 
 
+def late_first_shard():
+    """A generator function like ``counting(3)`` whose shard 0 starts 3 s late."""
+
+    def gen(shard):
+        if shard == 0:
+            time.sleep(3)
+        for i in range(3):
+            yield {"x": np.full((2, 3), shard * 100 + i, np.int64)}
+
+    return gen
+
+
 def test_deterministic_none_follows_tf_data_options():
-    """deterministic=None follows tf.data.Options().deterministic."""
-    ds = tfray.Dataset.from_generators(counting(3), 2)
-    assert ids(ds) == [0, 100, 1, 101, 2, 102]
+    """deterministic=None follows tf.data.Options().deterministic, after an injected prefetch too."""
+    ds = tfray.Dataset.from_generators(late_first_shard(), 2)
+    round_robin = [0, 100, 1, 101, 2, 102]
+    assert ids(ds) == round_robin  # No option set: deterministic.
     options = tf.data.Options()
+    options.deterministic = True
+    assert ids(ds.with_options(options)) == round_robin
     options.deterministic = False
-    assert sorted(ids(ds.with_options(options))) == [0, 1, 2, 100, 101, 102]
+    got = ids(ds.with_options(options).map(lambda b: b))
+    assert sorted(got) == sorted(round_robin)
+    assert got[0] == 100  # Whichever is ready first: shard 1, while shard 0 sleeps.
 
 
 def test_shard_arguments_and_dispatch():
@@ -192,3 +211,31 @@ def test_inferring_specs_holds_no_cpu_for_later_datasets():
     datasets = [tfray.Dataset.from_generators(counting(3), 2) for _ in range(3)]
     for ds in datasets:
         assert sorted(ids(ds)) == [0, 1, 2, 100, 101, 102]
+
+
+class _RemoteWithout:
+    """A stand-in remote function whose Ray knows only the options it is given."""
+
+    def __init__(self, known):
+        self.known, self.given = known, None
+
+    def options(self, **options):
+        for key in options:
+            if key not in self.known:
+                raise ValueError(f"Invalid option keyword {key} for remote functions. ")
+        self.given = options
+        return self
+
+
+def test_backpressure_option_is_passed_and_its_absence_warns(caplog):
+    """Ray's private backpressure option is set; a Ray without it runs producers unpaused, with a warning."""
+    options = {"num_cpus": 0, "num_returns": "streaming"}
+    with_it = _RemoteWithout({"num_returns", "num_cpus", generators.BACKPRESSURE_OPTION})
+    generators.with_backpressure(with_it, options, 3)
+    assert with_it.given == dict(options, **{generators.BACKPRESSURE_OPTION: 3})
+    without = _RemoteWithout({"num_returns", "num_cpus"})
+    generators.with_backpressure(without, options, 3)
+    assert without.given == options
+    assert "producers are not paused" in caplog.text
+    with pytest.raises(ValueError, match="num_gpus"):
+        generators.with_backpressure(without, {"num_gpus": 1}, 3)  # Other refusals still raise.

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 import tfray
 from dlpack_util import data_pointer
+from tfray._internal.sources import ray_data
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
 
@@ -102,7 +103,7 @@ def test_a_batch_within_one_block_reaches_tf_without_a_copy():
     (stats,) = ds.stats()
     assert stats.bytes_copied == 0 and stats.bytes_zero_copy == x.nbytes
     (bundle,) = list(data.iter_internal_ref_bundles())
-    (block_ref,) = [entry.ref for entry in bundle.blocks]
+    (block_ref,) = bundle.block_refs
     block = ray.get(block_ref)
     storage = block.column("data").chunk(0).storage
     values = storage.values if hasattr(storage, "values") else storage.flatten()
@@ -115,11 +116,17 @@ def test_unknown_column():
         tfray.Dataset.from_ray_data(table(), batch_size=4, feature_columns="nope")
 
 
-@pytest.mark.parametrize("kind", ["local-shuffle", "data-iterator"])
-def test_iter_batches_path_delivers_every_row(kind):
-    """Local shuffling and DataIterators (Ray Train shards) read via iter_batches."""
+@pytest.mark.parametrize("kind", ["local-shuffle", "data-iterator", "ray-without-block-refs"])
+def test_iter_batches_path_delivers_every_row(kind, monkeypatch):
+    """Local shuffling, DataIterators (Ray Train shards), and a Ray without
+    Ray Data's block-ref developer APIs read via iter_batches."""
     data = table()
-    if kind == "data-iterator":
+    if kind == "ray-without-block-refs":
+        assert ray_data.reads_blocks(data)  # Every supported Ray has them.
+        monkeypatch.setattr(ray_data, "reads_blocks", lambda data: False)
+        monkeypatch.setattr(ray_data, "BlockBatches", None)  # Not taken.
+        ds = tfray.Dataset.from_ray_data(data, batch_size=16, feature_columns="a")
+    elif kind == "data-iterator":
         ds = tfray.Dataset.from_ray_data(data.iterator(), batch_size=16, feature_columns="a")
     else:
         ds = tfray.Dataset.from_ray_data(

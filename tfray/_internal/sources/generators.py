@@ -21,6 +21,7 @@ tasks do. Other resources (GPUs, custom ones) are reserved as asked.
 
 import functools
 import inspect
+import logging
 import numbers
 import time
 
@@ -37,6 +38,36 @@ from tfray._internal.sources.base import Source, default_budget, positive_int
 # TensorFlow (seconds and hundreds of MB each) just to find this function.
 cloudpickle.register_pickle_by_value(producer)
 _remote_run_shard = ray.remote(producer.run_shard)
+
+
+logger = logging.getLogger("tfray")
+
+# Ray's private option that pauses a streaming generator (present in Ray 2.33-2.60).
+BACKPRESSURE_OPTION = "_generator_backpressure_num_objects"
+
+
+def with_backpressure(remote_fn, options, max_inflight_per_producer):
+    """``remote_fn.options(**options)``, its generator paused at ``max_inflight_per_producer``.
+
+    Ray refuses options it does not know. Should a Ray drop the private
+    backpressure option, producers run unpaused, with a warning: tfray's own
+    look-ahead stays bounded, but batches the producers make beyond it wait in
+    the object store (which spills to disk when full) instead of the producers
+    pausing.
+    """
+    try:
+        return remote_fn.options(**options, **{BACKPRESSURE_OPTION: max_inflight_per_producer})
+    except ValueError as e:
+        if BACKPRESSURE_OPTION not in str(e):
+            raise
+        logger.warning(
+            "from_generators: this Ray (%s) has no %s, so producers are not paused "
+            "while their batches wait unconsumed: a slow trainer lets them fill the "
+            "object store (Ray spills to disk). tfray is tested with Ray 2.59 and newer.",
+            ray.__version__,
+            BACKPRESSURE_OPTION,
+        )
+        return remote_fn.options(**options)
 
 
 # How _next_ready's polls back off.
@@ -105,13 +136,12 @@ def concurrency(num_shards, ray_remote_args):
     return max(1, min(num_shards, int(total // cpus)))
 
 
-def producer_options(ray_remote_args, max_inflight_per_producer):
-    """The Ray task options of a producer (see the module's docstring)."""
+def producer_options(ray_remote_args):
+    """The Ray task options of a producer (see the module's docstring), but backpressure."""
     options = dict(ray_remote_args or {})
     options["num_cpus"] = 0
     options.setdefault("scheduling_strategy", "SPREAD")
     options["num_returns"] = "streaming"
-    options["_generator_backpressure_num_objects"] = max_inflight_per_producer
     return options
 
 
@@ -129,8 +159,8 @@ class GeneratorShards:
     def __init__(
         self, fn, shards, *, max_inflight_per_producer, ray_remote_args, concurrency, shard_numbers=None
     ):
-        self._runner = _remote_run_shard.options(
-            **producer_options(ray_remote_args, max_inflight_per_producer)
+        self._runner = with_backpressure(
+            _remote_run_shard, producer_options(ray_remote_args), max_inflight_per_producer
         )
         self._fn = fn
         self._shards = list(shards)

@@ -39,6 +39,20 @@ def _group_nest(columns):
     return columns if isinstance(columns, str) else {c: c for c in sorted(columns)}
 
 
+def _to_tf_type_spec():
+    """The private function ``to_tf`` types a column group with.
+
+    Ray 2.60 has it in ``ray.data._internal.utils.tensorflow_utils``; older
+    Ray (2.50 checked) in ``ray.air._internal.tensorflow_utils``, with the
+    same signature. Should a Ray have neither, the ImportError names the module.
+    """
+    try:
+        from ray.data._internal.utils.tensorflow_utils import get_type_spec
+    except ImportError:
+        from ray.air._internal.tensorflow_utils import get_type_spec
+    return get_type_spec
+
+
 def layout(data, groups, type_specs, element_spec):
     """The ``Layout`` of ``data``'s elements, typed as ``to_tf`` types them.
 
@@ -53,8 +67,7 @@ def layout(data, groups, type_specs, element_spec):
         type_specs: ``(feature_type_spec, label_type_spec, additional_type_spec)``.
         element_spec: the whole element's spec, or None.
     """
-    from ray.data._internal.utils.tensorflow_utils import get_type_spec
-
+    get_type_spec = _to_tf_type_spec()
     wanted = [g is not None and s is None for g, s in zip(groups, type_specs)]
     wanted[0] = type_specs[0] is None
     if groups[0] is None or (element_spec is None and any(wanted)):
@@ -171,6 +184,17 @@ def _pack(nest, leaves):
     return tuple(_pack(v, leaves) for v in nest)
 
 
+def reads_blocks(data):
+    """Whether epochs of ``data`` can be read as block refs (``BlockBatches``).
+
+    That reading uses Ray Data's developer APIs ``Dataset.iter_internal_ref_bundles``
+    and ``RefBundle.block_refs`` (Ray 2.33 and newer). A Ray without them is
+    read through the public ``iter_batches`` (``IterBatches``): the same
+    batches, each copied by Ray Data.
+    """
+    return hasattr(data, "iter_internal_ref_bundles")
+
+
 def preserves_order(data, iter_batches_args):
     """Whether each run of ``data`` yields its rows in the same order."""
     import ray.data
@@ -246,8 +270,8 @@ class BlockRefs:
             self.done = True
             return []
         out = []
-        for entry in bundle.blocks:
-            out.append((f"block {self._index}", entry.ref))
+        for ref in bundle.block_refs:
+            out.append((f"block {self._index}", ref))
             self._index += 1
         return out
 
@@ -393,7 +417,11 @@ class RayDataSource(Source):
 
         elements = Elements(self._layout)
         args = self._iter_batches_args
-        if isinstance(self._data, ray.data.Dataset) and args["local_shuffle_buffer_size"] is None:
+        if (
+            isinstance(self._data, ray.data.Dataset)
+            and args["local_shuffle_buffer_size"] is None
+            and reads_blocks(self._data)
+        ):
             return BlockBatches(
                 self._data,
                 elements,
