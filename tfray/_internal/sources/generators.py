@@ -1,4 +1,4 @@
-"""Producers for ``from_generators``: one streaming-generator Ray task per shard.
+"""``from_generators``: its source, and its producers, one streaming-generator Ray task per shard.
 
 Each shard's generator runs as a Ray task whose yields go straight into the
 object store. Ray pauses a generator once ``max_inflight_per_producer`` of its

@@ -8,6 +8,7 @@ producer process never imports tfray, and with it TensorFlow.
 def run_shard(fn, shard):
     batches = fn(shard)
     if not hasattr(batches, "__next__"):  # A function that returned a batch, or a list.
+        # generators.NOT_A_GENERATOR's words: this module imports nothing.
         raise TypeError(
             "from_generators: fn must be a generator function (use `yield`), so that "
             f"each producer yields its shard's batches one at a time; fn({shard!r}) "
