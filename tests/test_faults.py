@@ -20,6 +20,7 @@ import tensorflow as tf  # noqa: E402
 
 import tfray  # noqa: E402
 from conftest import OBJECT_STORE_BYTES, store_bytes_used, store_stats, wait_until  # noqa: E402
+from dlpack_util import assert_zero_copy  # noqa: E402
 from tfray._internal import pins  # noqa: E402
 from tfray._internal.feeder import Feeder  # noqa: E402
 from tfray._internal.spec import FlatSpec  # noqa: E402
@@ -72,8 +73,14 @@ def test_a_batch_bigger_than_the_whole_store_is_delivered_zero_copy():
     before = store_stats().object_store_bytes_fallback
     refs = [make.remote(1, 1), make.remote(2, big), make.remote(3, 1)]
     ds = tfray.Dataset(refs)
-    got = [(float(b[0]), float(b[-1]), b.shape[0]) for b in ds]
+    batches = list(ds)
+    got = [(float(b[0]), float(b[-1]), b.shape[0]) for b in batches]
     assert got == [(1, 1, MB // 8), (2, 2, big * MB // 8), (3, 3, MB // 8)]
+    # The big batch lies, whole, in the fallback file Ray mapped for it (not
+    # its shared-memory store); the others in the store. A copy is in neither.
+    paths = [assert_zero_copy(b, f"batch {i}") for i, b in enumerate(batches)]
+    assert paths[0] == paths[2] != paths[1], paths
+    del batches
     stats = ds.stats()[-1]
     assert stats.bytes == (big + 2) * MB and stats.bytes_copied == 0
     assert store_stats().object_store_bytes_fallback >= before + big * MB
