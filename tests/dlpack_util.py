@@ -76,10 +76,14 @@ def store_mapping_of(tensor):
     return None
 
 
+def address_in_object_store(address):
+    """True if ``address`` lies in a mapping of Ray's object store."""
+    return any(low <= address < high for low, high in object_store_ranges())
+
+
 def in_object_store(tensor):
     """True if ``tensor``'s first byte lies in Ray's shared-memory object store."""
-    address = data_pointer(tensor)
-    return any(low <= address < high for low, high in object_store_ranges())
+    return address_in_object_store(data_pointer(tensor))
 
 
 def assert_zero_copy(tensor, what="the tensor"):

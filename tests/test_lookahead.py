@@ -32,7 +32,14 @@ def test_grows_when_tensorflow_waits_for_input():
 
 
 def test_stays_within_the_memory_budget():
-    """Batches pinned ahead (window and channel) stay within max_inflight_bytes."""
+    """Batches pinned ahead (window and channel) stay within max_inflight_bytes.
+
+    The same epoch with a budget 16 times larger grows past it: the limit,
+    not a look-ahead that never grew, is what holds it.
+    """
+    roomy = tfray.Dataset([slow_batch.remote(i, MB) for i in range(16)], max_inflight_bytes=64 * MB)
+    assert read_all(roomy) == list(range(16))
+    assert roomy.stats()[-1].lookahead > 2, "precondition: this epoch makes the look-ahead grow"
     refs = [slow_batch.remote(i, MB) for i in range(16)]
     ds = tfray.Dataset(refs, max_inflight_bytes=4 * MB)
     assert read_all(ds) == list(range(16))
