@@ -238,3 +238,18 @@ def test_generator_datasets_are_named_alike_in_every_process():
     assert generators.stable_name(one) == generators.stable_name(other) is not None
     assert generators.stable_name(functools.partial(produce, rows=5)) != generators.stable_name(one)
     assert generators.stable_name(lambda shard: iter(())) is None
+
+
+def test_a_dynamic_iterator_refuses_to_be_restored(tmp_path):
+    """A checkpoint of a dynamic iterator cannot be restored: which units it read was decided as it read."""
+    refs = make_refs(4)
+    sharding = tfray.DynamicSharding(name="test-no-restore")
+    ds = without_prefetch(tfray.Dataset(refs, sharding=sharding))
+    it = iter(ds)
+    next(it)
+    path = str(tmp_path / "ckpt")
+    tf.train.Checkpoint(iterator=it).write(path)
+    restored = iter(ds)
+    tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
+    with pytest.raises(tf.errors.FailedPreconditionError, match="cannot be restored from a checkpoint.*Checkpoint the model"):
+        next(restored)

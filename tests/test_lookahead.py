@@ -7,6 +7,7 @@ import pytest
 import ray
 
 import tfray
+from conftest import OBJECT_STORE_BYTES
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
@@ -64,3 +65,18 @@ def test_the_next_epoch_starts_where_the_last_one_got_to():
     it = iter(ds)
     next(it)
     assert ds.stats()[-1].lookahead >= learned
+
+
+def test_the_default_budget_is_a_quarter_of_the_object_store():
+    """Without max_inflight_bytes, batches pinned ahead stay within a quarter of the store.
+
+    With 10 MB batches a quarter of the 150 MB store allows a look-ahead of
+    1 (37.5 MB / (2 x 10 MB)); twice that budget lets the same epoch grow.
+    """
+    roomy = tfray.Dataset([slow_batch.remote(i, 10 * MB) for i in range(8)], max_inflight_bytes=OBJECT_STORE_BYTES // 2)
+    assert read_all(roomy) == list(range(8))
+    assert roomy.stats()[-1].lookahead > 1, "precondition: this epoch makes the look-ahead grow"
+    del roomy
+    ds = tfray.Dataset([slow_batch.remote(i, 10 * MB) for i in range(8)])
+    assert read_all(ds) == list(range(8))
+    assert ds.stats()[-1].lookahead == 1

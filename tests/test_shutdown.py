@@ -25,7 +25,8 @@ def test_ray_shutdown_mid_epoch_is_a_clear_error(fresh_ray):
     wait_until(lambda: ds.stats()[-1].queued == 4)
     ray.shutdown()
     values = []
-    with pytest.raises(tf.errors.UnavailableError, match="Ray was shut down"):
+    # Says what to do: the dataset cannot be read again, build a new one.
+    with pytest.raises(tf.errors.UnavailableError, match="Ray was shut down while it was reading.*after ray.init\\(\\), build a new tfray.Dataset"):
         for _ in range(40):
             values.append(float(next(it)[0, 0]))
     # The batches resolved before the shutdown (4 were queued) come first,
