@@ -147,13 +147,32 @@ class _InterruptAt(keras.callbacks.Callback):
         threading.Thread(target=signal.pthread_kill, args=(main, signal.SIGINT)).start()
 
 
-@pytest.mark.parametrize("how", ["raise", "sigint"])
-def test_keyboard_interrupt_in_fit_stops_feeders_and_a_new_fit_works(how):
-    """Ctrl-C in model.fit: fit stops, the feeder stops, pins go; the next fit reads everything."""
+def _generated_batches():
+    """make_batch's batches from 2 shards (made in a function: pickled by value)."""
+
+    def shard_batches(shard):
+        for i in range(shard, BATCHES, 2):
+            rng = np.random.default_rng(i)
+            x = rng.normal(size=(ROWS, FEATURES)).astype(np.float32)
+            yield {"x": x, "y": (x.sum(axis=1) > 0).astype(np.int32)}
+
+    return shard_batches
+
+
+def _interruptible_source(kind):
+    if kind == "refs":
+        return tfray.Dataset([make_batch.remote(i) for i in range(BATCHES)], max_inflight=4)
+    spec = {"x": tf.TensorSpec([None, FEATURES], tf.float32), "y": tf.TensorSpec([None], tf.int32)}
+    return tfray.Dataset.from_generators(_generated_batches(), 2, element_spec=spec, max_inflight_per_producer=2)
+
+
+@pytest.mark.parametrize("kind, how", [("refs", "raise"), ("refs", "sigint"), ("generators", "sigint")])
+def test_keyboard_interrupt_in_fit_stops_feeders_and_a_new_fit_works(kind, how):
+    """Ctrl-C in model.fit (from_refs or from_generators): fit stops, the feeder and
+    producers stop, pins go; the next fit reads everything."""
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     baseline = _settled_baseline()
-    refs = [make_batch.remote(i) for i in range(BATCHES)]
-    source = tfray.Dataset(refs, max_inflight=4)
+    source = _interruptible_source(kind)
     ds = source.map(lambda b: (b["x"], b["y"])).prefetch(2)
     model = _model()
 
@@ -171,7 +190,7 @@ def test_keyboard_interrupt_in_fit_stops_feeders_and_a_new_fit_works(how):
     history = model.fit(ds, epochs=2, verbose=0)
     assert len(history.history["loss"]) == 2
     assert [s.batches for s in source.stats()[1:]] == [BATCHES, BATCHES]
-    del source, ds, refs, model
+    del source, ds, model
     gc.collect()
     wait_until(lambda: pins.count() == 0)
     wait_until(lambda: store_bytes_used() <= baseline)
