@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TF_PACKAGE ?= tensorflow-cpu==2.21.*
 PYTEST_ARGS ?=
 
-.PHONY: venv deps build test test-all test-native test-asan test-compat demo bench clean
+.PHONY: venv deps build test test-all test-native test-asan test-compat test-sanitized demo demo-quick examples-quick bench clean
 
 venv: $(PY)
 
@@ -72,8 +72,35 @@ test-compat: $(COMPAT_VENV)/.deps
 	$(COMPAT_PIP) --force-reinstall --no-deps $(COMPAT_VENV)/wheel/tfray-*.whl
 	$(COMPAT_PY) -m pytest tests/test_build.py $(PYTEST_ARGS)
 
+# The native kernel and bindings built with ASan and UBSan (apart from the
+# checks TensorFlow's headers cannot compile with; see setup.py) into
+# $(SANITIZED), over a short test set. Python is not built with ASan, so the
+# runtimes are preloaded into the test process only (tests/sanitized.py);
+# leak checking is off (Python and TensorFlow keep memory until exit by
+# design), and any other report fails the run. --capture=sys: a report is
+# written to file descriptor 2, which pytest's default capture would swallow.
+SANITIZED ?= build/sanitized
+SANITIZED_TESTS ?= tests/test_zero_copy.py tests/test_from_refs.py tests/test_store_safety.py tests/test_errors.py tests/test_gil_free.py
+test-sanitized: build
+	TFRAY_SANITIZE=1 $(PY) setup.py -q build --build-base $(SANITIZED)
+	LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	$(PY) tests/sanitized.py $$(ls -d $(SANITIZED)/lib.*) --capture=sys -m "not slow" $(SANITIZED_TESTS) $(PYTEST_ARGS)
+
 demo: build
 	$(PY) examples/keras_fit.py
+
+# The demo's path (Ray tasks -> tfray -> Keras fit) in a short run: it still
+# fails unless the loss fell and every byte reached TF zero-copy.
+demo-quick: build
+	$(PY) examples/keras_fit.py --batches 40 --epochs 2
+
+# The other examples in short runs; each exits non-zero when a check fails.
+examples-quick: build
+	$(PY) examples/parallel_generators.py --batches 24 --epochs 2
+	$(PY) examples/ray_data_fit.py --rows 8192 --epochs 2
+	$(PY) examples/ray_train_mwms.py --rows 512 --epochs 2
+	$(PY) examples/multi_worker.py --timeout 300
 
 bench: build
 	$(PY) benchmarks/run.py

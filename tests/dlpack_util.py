@@ -41,19 +41,60 @@ def data_pointer(tensor):
     return dl.data + dl.byte_offset
 
 
-def object_store_ranges():
-    """The address ranges of this process's mappings of Ray's shared-memory store."""
-    ranges = []
+def object_store_mappings():
+    """``(low, high, path)`` of this process's shared mappings of Ray's object store.
+
+    Ray maps its store's shared memory (``/dev/shm/plasma*``) and, for
+    objects the store cannot hold, fallback files (``plasma*`` in its
+    session directory); both are shared (``s``) mappings named ``plasma``.
+    """
+    mappings = []
     with open("/proc/self/maps") as maps:
         for line in maps:
-            fields = line.split()
-            if len(fields) >= 6 and "plasma" in fields[5] and fields[1].endswith("s"):
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and "plasma" in fields[5] and fields[1].endswith("s"):
                 low, high = (int(x, 16) for x in fields[0].split("-"))
-                ranges.append((low, high))
-    return ranges
+                mappings.append((low, high, fields[5].strip()))
+    return mappings
+
+
+def object_store_ranges():
+    """The address ranges of this process's mappings of Ray's shared-memory store."""
+    return [(low, high) for low, high, _ in object_store_mappings()]
+
+
+def store_mapping_of(tensor):
+    """The path of the object store mapping ``tensor``'s bytes lie in, or None.
+
+    The whole tensor must lie inside it, not only its first byte.
+    """
+    address = data_pointer(tensor)
+    nbytes = tensor.dtype.size * int(tf.size(tensor))
+    for low, high, path in object_store_mappings():
+        if low <= address and address + nbytes <= high:
+            return path
+    return None
+
+
+def address_in_object_store(address):
+    """True if ``address`` lies in a mapping of Ray's object store."""
+    return any(low <= address < high for low, high in object_store_ranges())
 
 
 def in_object_store(tensor):
-    """True if ``tensor``'s memory lies in Ray's shared-memory object store."""
-    address = data_pointer(tensor)
-    return any(low <= address < high for low, high in object_store_ranges())
+    """True if ``tensor``'s first byte lies in Ray's shared-memory object store."""
+    return address_in_object_store(data_pointer(tensor))
+
+
+def assert_zero_copy(tensor, what="the tensor"):
+    """Fails unless all of ``tensor``'s bytes lie in an object store mapping.
+
+    A copy anywhere between Ray and TensorFlow (the feeder's, numpy's, TF's)
+    lands in the heap, outside every such mapping, and fails this.
+    """
+    path = store_mapping_of(tensor)
+    assert path is not None, (
+        f"{what} at {data_pointer(tensor):#x} lies outside all "
+        f"{len(object_store_mappings())} mappings of Ray's object store: it was copied"
+    )
+    return path

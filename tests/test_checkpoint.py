@@ -16,6 +16,7 @@ import ray
 import tensorflow as tf
 from tensorflow.python.data.kernel_tests import checkpoint_test_base
 
+import resolutions
 import resume_worker
 from conftest import ray_data_in_order, without_prefetch
 
@@ -101,13 +102,24 @@ def test_one_shot_iterator_resumes(refs, tmp_path):
     assert _ids(read) + _ids(rest) == list(range(N))
 
 
-def test_restored_iterator_resolves_no_skipped_batch(refs, tmp_path):
-    # The refs before the saved position are not fetched again. (Without
-    # tf.data's injected prefetch, whose buffer the checkpoint would hold.)
+def test_restored_iterator_resolves_no_skipped_batch(ray_session, tmp_path):
+    """A restored iterator fetches only the refs from its saved position on, once each.
+
+    (Without tf.data's injected prefetch, whose buffer the checkpoint would
+    hold.) The restored dataset's refs count their resolutions: one fetched
+    and dropped would show up even though it is never delivered.
+    """
+
+    def counted_refs(name):
+        return [ray.put({"id": resolutions.counted((name, i), np.full((4,), i, np.int64))}) for i in range(N)]
+
+    spec = {"id": tf.TensorSpec([None], tf.int64)}
     path = str(tmp_path / "ckpt")
-    _save_after(without_prefetch(tfray.Dataset.from_refs(refs)), 7, path)
-    ds = tfray.Dataset.from_refs(refs)
-    assert len(_restore(without_prefetch(ds), path)) == N - 7
+    _save_after(without_prefetch(tfray.Dataset.from_refs(counted_refs("saved"), element_spec=spec)), 7, path)
+    ds = tfray.Dataset.from_refs(counted_refs("restored"), element_spec=spec)
+    assert _ids(_restore(without_prefetch(ds), path)) == list(range(7, N))
+    restored = {key[1]: n for key, n in resolutions.resolved().items() if key[0] == "restored"}
+    assert restored == {i: 1 for i in range(7, N)}, f"resolutions by ref index: {restored}"
     assert [s.batches for s in ds.stats()] == [N - 7]
 
 

@@ -14,6 +14,7 @@ import ray.data
 import tensorflow as tf
 from tensorflow.python.data.experimental.ops import distribute as tf_distribute
 
+import resolutions
 import tfray
 from tfray._internal.distribute import auto as distribute
 
@@ -62,13 +63,17 @@ def test_no_cluster_reads_everything(monkeypatch, refs):
     assert _firsts(ds) == list(range(10))
 
 
-def test_worker_reads_its_share_at_the_source(monkeypatch, refs):
-    """Worker 2 of 3 resolves only refs 2::3, with an unknown cardinality."""
+def test_worker_reads_its_share_at_the_source(monkeypatch):
+    """Worker 2 of 3 resolves only refs 2::3 (counted as fetched), with an unknown cardinality."""
+    refs = [resolutions.put(("auto", i), np.full(2, i, np.int64)) for i in range(10)]
     _as_worker(monkeypatch, {"chief": ["c:1"], "worker": ["w:1", "w:2"]}, "worker", 1)
-    ds = tfray.Dataset(refs)
+    ds = tfray.Dataset(refs, element_spec=tf.TensorSpec([None], tf.int64))
     assert ds.cardinality().numpy() == tf.data.UNKNOWN_CARDINALITY
     assert _firsts(ds) == [2, 5, 8]
-    assert sum(s.batches for s in ds.stats()) == 3  # Nothing read to discard.
+    assert sum(s.batches for s in ds.stats()) == 3
+    # Counted at deserialization: a ref fetched and dropped would show here.
+    fetched = {key[1]: n for key, n in resolutions.resolved().items() if key[0] == "auto"}
+    assert fetched == {2: 1, 5: 1, 8: 1}, f"resolutions by ref index: {fetched}"
 
 
 def test_generator_worker_runs_only_its_producers(monkeypatch):

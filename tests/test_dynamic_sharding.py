@@ -17,6 +17,7 @@ import ray
 import tensorflow as tf
 from ray import cloudpickle
 
+import resolutions
 import tfray
 from conftest import without_prefetch
 from tfray._internal.sources import generators
@@ -83,6 +84,31 @@ def test_a_slow_consumer_takes_fewer_units_and_each_is_read_once_per_epoch():
         assert sorted(map(sorted, handed[epoch].values())) == sorted(
             sorted(ids) for ids in (fast[epoch], slow[epoch]) if ids
         )
+
+
+def test_each_unit_is_fetched_once_per_epoch_across_consumers():
+    """Two consumers of one epoch fetch each ref once between them, none to discard.
+
+    Counted at deserialization, in this process where both consumers run: a
+    unit fetched by both, or fetched and dropped, would show here.
+    """
+    refs = [resolutions.put(("dynamic", i), np.full(2, i, np.int64)) for i in range(UNITS)]
+    spec = tf.TensorSpec([None], tf.int64)
+    sharding = tfray.DynamicSharding(name="test-fetched-once")
+    datasets = [tfray.Dataset(refs, element_spec=spec, sharding=sharding) for _ in range(2)]
+    outs = [[], []]
+
+    def read(ds, out):
+        out.append([int(t[0]) for t in ds])
+
+    threads = [threading.Thread(target=read, args=(ds, out)) for ds, out in zip(datasets, outs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert sorted(outs[0][0] + outs[1][0]) == list(range(UNITS))
+    fetched = {key[1]: n for key, n in resolutions.resolved().items() if key[0] == "dynamic"}
+    assert fetched == {i: 1 for i in range(UNITS)}, f"resolutions by ref index: {fetched}"
 
 
 def test_generator_shards_are_units_read_once_per_epoch():
@@ -213,3 +239,18 @@ def test_generator_datasets_are_named_alike_in_every_process():
     assert generators.stable_name(one) == generators.stable_name(other) is not None
     assert generators.stable_name(functools.partial(produce, rows=5)) != generators.stable_name(one)
     assert generators.stable_name(lambda shard: iter(())) is None
+
+
+def test_a_dynamic_iterator_refuses_to_be_restored(tmp_path):
+    """A checkpoint of a dynamic iterator cannot be restored: which units it read was decided as it read."""
+    refs = make_refs(4)
+    sharding = tfray.DynamicSharding(name="test-no-restore")
+    ds = without_prefetch(tfray.Dataset(refs, sharding=sharding))
+    it = iter(ds)
+    next(it)
+    path = str(tmp_path / "ckpt")
+    tf.train.Checkpoint(iterator=it).write(path)
+    restored = iter(ds)
+    tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
+    with pytest.raises(tf.errors.FailedPreconditionError, match="cannot be restored from a checkpoint.*Checkpoint the model"):
+        next(restored)

@@ -93,8 +93,25 @@ def test_producer_exception_carries_type_message_and_traceback():
     assert "batch 1: the Ray task that produced it raised ValueError: shard 1 is corrupt" in (
         bad.message
     )
-    assert "make_batch" in bad.message  # The producer's traceback.
+    # The producer's traceback, down to the line that raised (Ray's header
+    # alone names the function, not the line).
+    assert 'raise ValueError(f"shard {i} is corrupt")' in bad.message
     assert good.shape == (4,)
+
+
+def test_application_errors_are_not_retried(tmp_path):
+    """A task that raised is not run again (Ray's default): its error is delivered at once."""
+    attempts = tmp_path / "attempts"
+
+    @ray.remote
+    def failing():
+        with open(attempts, "a") as f:
+            f.write("x")
+        raise ValueError("bad input")
+
+    (error,) = take_all(iter(tfray.Dataset([failing.remote()], element_spec=tf.TensorSpec([None], tf.float32))), 1)
+    assert isinstance(error, tf.errors.UnknownError) and "ValueError: bad input" in error.message
+    assert attempts.read_text() == "x", "the task ran again after raising"
 
 
 def test_lost_object_is_a_data_loss_error():

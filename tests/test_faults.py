@@ -25,6 +25,7 @@ from tfray._internal.runtime.feeder import Feeder  # noqa: E402
 from tfray._internal.runtime.pins import Pins  # noqa: E402
 from tfray._internal.runtime.spec import FlatSpec  # noqa: E402
 from tfray._internal.runtime.status import BatchError, Code, EpochError  # noqa: E402
+from dlpack_util import assert_zero_copy  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
 
@@ -73,8 +74,14 @@ def test_a_batch_bigger_than_the_whole_store_is_delivered_zero_copy():
     before = store_stats().object_store_bytes_fallback
     refs = [make.remote(1, 1), make.remote(2, big), make.remote(3, 1)]
     ds = tfray.Dataset(refs)
-    got = [(float(b[0]), float(b[-1]), b.shape[0]) for b in ds]
+    batches = list(ds)
+    got = [(float(b[0]), float(b[-1]), b.shape[0]) for b in batches]
     assert got == [(1, 1, MB // 8), (2, 2, big * MB // 8), (3, 3, MB // 8)]
+    # The big batch lies, whole, in the fallback file Ray mapped for it (not
+    # its shared-memory store); the others in the store. A copy is in neither.
+    paths = [assert_zero_copy(b, f"batch {i}") for i, b in enumerate(batches)]
+    assert paths[0] == paths[2] != paths[1], paths
+    del batches
     stats = ds.stats()[-1]
     assert stats.bytes == (big + 2) * MB and stats.bytes_copied == 0
     assert store_stats().object_store_bytes_fallback >= before + big * MB
@@ -141,13 +148,32 @@ class _InterruptAt(keras.callbacks.Callback):
         threading.Thread(target=signal.pthread_kill, args=(main, signal.SIGINT)).start()
 
 
-@pytest.mark.parametrize("how", ["raise", "sigint"])
-def test_keyboard_interrupt_in_fit_stops_feeders_and_a_new_fit_works(how):
-    """Ctrl-C in model.fit: fit stops, the feeder stops, pins go; the next fit reads everything."""
+def _generated_batches():
+    """make_batch's batches from 2 shards (made in a function: pickled by value)."""
+
+    def shard_batches(shard):
+        for i in range(shard, BATCHES, 2):
+            rng = np.random.default_rng(i)
+            x = rng.normal(size=(ROWS, FEATURES)).astype(np.float32)
+            yield {"x": x, "y": (x.sum(axis=1) > 0).astype(np.int32)}
+
+    return shard_batches
+
+
+def _interruptible_source(kind):
+    if kind == "refs":
+        return tfray.Dataset([make_batch.remote(i) for i in range(BATCHES)], max_inflight=4)
+    spec = {"x": tf.TensorSpec([None, FEATURES], tf.float32), "y": tf.TensorSpec([None], tf.int32)}
+    return tfray.Dataset.from_generators(_generated_batches(), 2, element_spec=spec, max_inflight_per_producer=2)
+
+
+@pytest.mark.parametrize("kind, how", [("refs", "raise"), ("refs", "sigint"), ("generators", "sigint")])
+def test_keyboard_interrupt_in_fit_stops_feeders_and_a_new_fit_works(kind, how):
+    """Ctrl-C in model.fit (from_refs or from_generators): fit stops, the feeder and
+    producers stop, pins go; the next fit reads everything."""
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     baseline = _settled_baseline()
-    refs = [make_batch.remote(i) for i in range(BATCHES)]
-    source = tfray.Dataset(refs, max_inflight=4)
+    source = _interruptible_source(kind)
     ds = source.map(lambda b: (b["x"], b["y"])).prefetch(2)
     model = _model()
 
@@ -165,7 +191,7 @@ def test_keyboard_interrupt_in_fit_stops_feeders_and_a_new_fit_works(how):
     history = model.fit(ds, epochs=2, verbose=0)
     assert len(history.history["loss"]) == 2
     assert [s.batches for s in source.stats()[1:]] == [BATCHES, BATCHES]
-    del source, ds, refs, model
+    del source, ds, model
     gc.collect()
     wait_until(lambda: runtime.get().pins.count() == 0)
     wait_until(lambda: store_bytes_used() <= baseline)

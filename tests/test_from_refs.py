@@ -65,7 +65,7 @@ def test_one_shot_iterator_reads_once_then_fails_clearly():
     ds = tfray.Dataset(iter(put_batches(3)))
     assert ds.cardinality().numpy() == tf.data.UNKNOWN_CARDINALITY
     assert ids(ds) == [0, 1, 2]
-    with pytest.raises(tf.errors.FailedPreconditionError, match="one-shot iterator"):
+    with pytest.raises(tf.errors.FailedPreconditionError, match="one-shot iterator.*Pass a list of refs to from_refs to read it again"):
         ids(ds)
 
 
@@ -205,3 +205,21 @@ def test_epochs_after_the_second_are_started_ahead_and_released_with_the_dataset
     gc.collect()
     wait_until(lambda: runtime.get().pins.count() == 0)
     wait_until(lambda: store_bytes_used() <= baseline)
+
+
+def test_strategy_run_over_a_distributed_tfray_dataset():
+    """strategy.run steps over experimental_distribute_dataset of a tfray dataset: every batch once.
+
+    The in-process sibling of test_multi_worker's slow ``loop-ds`` case
+    (a MirroredStrategy on this process's CPU instead of two workers).
+    """
+    refs = [ray.put({"x": np.full((4, 3), i, np.float32)}) for i in range(6)]
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    dist = strategy.experimental_distribute_dataset(tfray.Dataset(refs))
+
+    @tf.function
+    def step(batch):
+        per_replica = strategy.run(lambda b: tf.reduce_sum(b["x"][:, 0]), args=(batch,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    assert sorted(float(step(batch)) for batch in dist) == [4.0 * i for i in range(6)]

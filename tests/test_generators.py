@@ -133,6 +133,42 @@ def test_killed_producer_is_retried_and_each_batch_arrives_once(tmp_path):
     assert os.path.exists(marker)  # It did die.
 
 
+def test_a_producer_that_raises_is_not_retried(tmp_path):
+    """A producer's exception ends its shard once: Ray does not run it again."""
+    attempts = str(tmp_path / "attempts")
+
+    def gen(shard):
+        with open(attempts, "a") as f:
+            f.write("x")
+        yield np.full(2, shard, np.int64)
+        raise ValueError("bad shard")
+
+    ds = tfray.Dataset.from_generators(gen, 1, element_spec=tf.TensorSpec([None], tf.int64))
+    it = iter(ds)
+    assert int(next(it)[0]) == 0
+    with pytest.raises(tf.errors.UnknownError, match="ValueError: bad shard"):
+        next(it)
+    with open(attempts) as f:
+        assert f.read() == "x", "the producer ran again after raising"
+
+
+def test_a_producer_whose_process_keeps_dying_is_retried_three_times(tmp_path):
+    """max_retries defaults to 3: four attempts, then an error, not a hang."""
+    attempts = str(tmp_path / "attempts")
+
+    def gen(shard):
+        with open(attempts, "a") as f:
+            f.write("x")
+        os._exit(1)
+        yield np.zeros(2, np.int64)
+
+    ds = tfray.Dataset.from_generators(gen, 1, element_spec=tf.TensorSpec([None], tf.int64))
+    with pytest.raises(tf.errors.OpError):
+        next(iter(ds))
+    with open(attempts) as f:
+        assert f.read() == "xxxx", "expected the first run and 3 retries"
+
+
 def test_backpressure_bounds_the_store_while_the_consumer_sleeps():
     """Producers pause: the store holds a bounded number of batches, not all."""
     wait_until(lambda: store_bytes_used() == 0)

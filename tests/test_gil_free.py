@@ -4,8 +4,11 @@ The test holds the GIL in the main thread for several seconds (a C call made
 through ctypes.PyDLL keeps it) while a graph-mode consumer, started just
 before, drains batches already resolved into the channel: GetNext, tensor
 release, and a new iterator's creation, first GetNext (of an epoch offered
-ahead) and destruction all happen inside the hold. If any of them needed
-the GIL, the consumer would finish after the hold.
+ahead) and destruction all happen inside the hold, and so does the
+cancellation of a GetNext blocked on an empty channel (a prefetch's
+background read of a source whose only batch never resolves, cancelled by
+deleting the prefetch iterator). If any of them needed the GIL, the
+consumer would finish after the hold.
 """
 
 import ctypes
@@ -46,10 +49,23 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
     for _ in range(2):
         assert len(list(other)) == 1
     wait_until(lambda: other._source._offered is not None and other._source._offered.channel.stats()["queued"] == 1)
+    # A source whose only batch never resolves: its GetNext blocks on an
+    # empty channel until it is cancelled.
+    never = _never_ready.remote()
+    blocked = tfray.Dataset([never], element_spec=tf.TensorSpec([None], tf.float32))
+    warm = tf.data.Options()
+    warm.experimental_warm_start = True  # The prefetch reads from its creation on.
+    blocked_prefetch = without_prefetch(blocked).prefetch(1).with_options(warm)
 
     @tf.function
     def consume(it):
-        total = tf.reduce_sum(first) * 0.0  # Batch 0 was read above.
+        # The prefetch's thread starts reading the blocked source now.
+        blocked_handle, blocked_deleter = tf.raw_ops.AnonymousIteratorV2(
+            output_types=[tf.float32], output_shapes=[[None]]
+        )
+        blocked_made = tf.raw_ops.MakeIterator(dataset=blocked_prefetch._variant_tensor, iterator=blocked_handle)
+        with tf.control_dependencies([blocked_made]):
+            total = tf.reduce_sum(first) * 0.0  # Batch 0 was read above.
         for _ in tf.range(N - 1):  # No prefetch after the source.
             m = next(it)
             # Some GIL-free work per batch, so the drain outlasts the start
@@ -57,9 +73,8 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
             for _ in tf.range(WORK):
                 total += tf.reduce_sum(tf.matmul(m, m)) / SIDE**3
         with tf.control_dependencies([total]):
-            # Creates an iterator, reads the epoch offered to it, and (when
-            # the function returns) destroys it.
-            handle = tf.raw_ops.AnonymousIteratorV3(
+            # Creates an iterator, reads the epoch offered to it, and destroys it.
+            handle, deleter = tf.raw_ops.AnonymousIteratorV2(
                 output_types=[tf.float32], output_shapes=[[None, SIDE]]
             )
             made = tf.raw_ops.MakeIterator(dataset=other._variant_tensor, iterator=handle)
@@ -67,8 +82,16 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
             (batch,) = tf.raw_ops.IteratorGetNext(
                 iterator=handle, output_types=[tf.float32], output_shapes=[[None, SIDE]]
             )
-        with tf.control_dependencies([batch]):
-            return total + tf.reduce_sum(batch), tf.timestamp()
+        # The batch's last use: the executor frees it (its release) before
+        # anything that depends on this sum runs.
+        total += tf.reduce_sum(batch)
+        with tf.control_dependencies([total]):
+            deleted = tf.raw_ops.DeleteIterator(handle=handle, deleter=deleter)
+            # Cancels the blocked GetNext: the prefetch iterator's destruction
+            # cancels its reader and joins its thread.
+            unblocked = tf.raw_ops.DeleteIterator(handle=blocked_handle, deleter=blocked_deleter)
+        with tf.control_dependencies([deleted, unblocked]):
+            return tf.identity(total), tf.timestamp()
 
     concrete = consume.get_concrete_function(iterator)  # Trace outside the hold.
     result = {}
@@ -77,9 +100,10 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
     # A tight poll (wait_until collects garbage between polls, which takes
     # longer than the drain): the hold must start while the consumer works.
     deadline = time.monotonic() + 60
-    while ds.stats()[-1].get_next_calls < 2:
+    while ds.stats()[-1].get_next_calls < 2 or not blocked.stats():
         assert time.monotonic() < deadline, "the consumer never started"
     consumed_before = ds.stats()[-1].batches
+    blocked_before = (blocked.stats()[-1].get_next_calls, blocked.stats()[-1].batches)
     start = time.time()
     hold_gil(HOLD_S)
     end = time.time()
@@ -91,11 +115,21 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
     # other dataset's batch is all 0.
     assert total == pytest.approx(WORK * sum(i * i for i in range(N)), rel=1e-5)
     assert consumed_before < N, "inconclusive: the drain ended before the hold"
+    assert blocked_before == (1, 0), "inconclusive: the blocked GetNext was not waiting when the hold began"
     assert start < finished_at < end, (
         f"the consumer finished {finished_at - start:.2f} s after the hold "
         f"began, which lasted {end - start:.2f} s"
     )
     # The iterator made inside the hold read the offered epoch, and was dropped.
-    wait_until(lambda: len(other.stats()) == 3 and other.stats()[-1].batches == 1)
+    assert len(other.stats()) == 3 and other.stats()[-1].batches == 1
+    assert other.stats()[-1].cancelled
+    # The blocked read was cancelled without a batch.
+    assert blocked.stats()[-1].cancelled and blocked.stats()[-1].batches == 0
     del iterator
     wait_until(lambda: ds.stats()[-1].cancelled)
+    ray.cancel(never, force=True)
+
+
+@ray.remote(num_cpus=0)
+def _never_ready():
+    time.sleep(3600)

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import tfray
 from conftest import two_node_cluster
-from dlpack_util import data_pointer
+from dlpack_util import assert_zero_copy, data_pointer
 
 pytestmark = pytest.mark.timeout(180, method="thread")  # A hang may sit in native code.
 
@@ -54,7 +54,9 @@ def test_refs_made_on_another_node_are_pulled_and_zero_copy(cluster):
     seen = []
     for i, batch in enumerate(ds):
         # ray.get maps the driver node's copy: the one tfray resolved.
-        assert data_pointer(batch["x"]) == ray.get(refs[i])["x"].ctypes.data
+        for key in ("x", "id"):
+            assert data_pointer(batch[key]) == ray.get(refs[i])[key].ctypes.data, key
+            assert_zero_copy(batch[key], f"{key} of batch {i}")
         assert float(batch["x"][0, 0]) == i
         seen.append(int(batch["id"][0]))
     assert seen == list(range(6))
@@ -95,7 +97,8 @@ def test_generators_on_another_node_feed_every_epoch_zero_copy(cluster):
         got = []
         for batch in ds:
             assert bool(batch["remote"][0]), "a producer ran on the driver's node"
-            assert data_pointer(batch["x"]) % 64 == 0
+            for key in ("x", "remote"):  # In the driver node's store.
+                assert_zero_copy(batch[key], key)
             got.append(float(batch["x"][0, 0]))
         assert sorted(got) == expected
     for stats in ds.stats():

@@ -7,7 +7,7 @@ import ray.data
 import tensorflow as tf
 
 import tfray
-from dlpack_util import data_pointer
+from dlpack_util import assert_zero_copy, data_pointer
 from tfray._internal.sources import ray_data
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
@@ -95,7 +95,8 @@ def test_the_pipeline_runs_once_per_epoch_and_learns_its_schema_as_to_tf_does():
 
 def test_a_batch_within_one_block_reaches_tf_without_a_copy():
     """A block-aligned batch's tensor points into the block in the object store."""
-    x = np.arange(64 * 256, dtype=np.float32).reshape(64, 256)
+    # 256 KB: above Ray's inline limit, so the block is in the object store.
+    x = np.arange(64 * 1024, dtype=np.float32).reshape(64, 1024)
     data = ray.data.from_numpy(x).materialize()  # One block, one tensor column.
     ds = tfray.Dataset.from_ray_data(data, batch_size=64, feature_columns="data")
     (batch,) = list(ds)
@@ -108,6 +109,7 @@ def test_a_batch_within_one_block_reaches_tf_without_a_copy():
     storage = block.column("data").chunk(0).storage
     values = storage.values if hasattr(storage, "values") else storage.flatten()
     assert data_pointer(batch) == values.buffers()[1].address
+    assert_zero_copy(batch)
 
 
 def test_unknown_column():

@@ -6,20 +6,24 @@ import ray
 import ray.data
 import tensorflow as tf
 
+import resolutions
 import tfray
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
 
 def test_refs_shard_resolves_only_its_refs():
-    """Shard i of n gets batches i, i+n, ...; the others are never read."""
-    refs = [ray.put(np.full(2, i, np.int64)) for i in range(10)]
-    ds = tfray.Dataset(refs)
+    """Shard i of n gets batches i, i+n, ...; the others are never fetched."""
+    refs = [resolutions.put(("shard", i), np.full(2, i, np.int64)) for i in range(10)]
+    ds = tfray.Dataset(refs, element_spec=tf.TensorSpec([None], tf.int64))
     part = ds.shard(3, 1)
     assert isinstance(part, tfray.Dataset)
     assert part.cardinality().numpy() == 3
     assert [int(t[0]) for t in part] == [1, 4, 7]
-    assert sum(s.batches for s in part.stats()) == 3  # Nothing read to discard.
+    assert sum(s.batches for s in part.stats()) == 3
+    # Counted at deserialization: a ref fetched and dropped would show here.
+    fetched = {key[1]: n for key, n in resolutions.resolved().items() if key[0] == "shard"}
+    assert fetched == {1: 1, 4: 1, 7: 1}, f"resolutions by ref index: {fetched}"
     union = sorted(int(t[0]) for i in range(3) for t in ds.shard(3, i))
     assert union == list(range(10))
 

@@ -6,13 +6,13 @@ import ray
 import tensorflow as tf
 
 import tfray
-from dlpack_util import data_pointer
+from dlpack_util import assert_zero_copy, data_pointer
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
 
 def test_tensor_aliases_the_object_store_buffer():
-    """The tensor's data pointer is the address ray.get returns for the object."""
+    """Every field's data pointer is the address ray.get returns for it, in the store."""
     image = np.random.rand(64, 32, 32, 3).astype(np.float32)  # ~786 KB: in plasma
     label = np.arange(64, dtype=np.int64)
     ref = ray.put({"image": image, "label": label})
@@ -20,7 +20,9 @@ def test_tensor_aliases_the_object_store_buffer():
     batch = next(iter(ds))
 
     expected = ray.get(ref)  # Maps the same shared-memory object.
-    assert data_pointer(batch["image"]) == expected["image"].ctypes.data
+    for key in ("image", "label"):
+        assert data_pointer(batch[key]) == expected[key].ctypes.data, key
+        assert_zero_copy(batch[key], key)
     np.testing.assert_array_equal(batch["image"].numpy(), image)
     (stats,) = ds.stats()
     assert stats.bytes_copied == 0 and stats.arrays_copied == 0
@@ -38,7 +40,34 @@ def test_task_results_alias_without_copy():
     ds = tfray.Dataset(refs)
     for i, t in enumerate(ds):
         assert data_pointer(t) == ray.get(refs[i]).ctypes.data
+        assert_zero_copy(t, f"batch {i}")
         assert float(t[0, 0]) == i
+    assert ds.stats()[-1].bytes_copied == 0
+
+
+def test_generator_batches_alias_the_object_store():
+    """Every field of every batch a streaming generator yields lies in the object store."""
+
+    def produce(shard):
+        import numpy as np
+
+        for j in range(3):
+            # 256 KB: above Ray's inline limit, so the whole batch is in plasma.
+            yield {"x": np.full((256, 256), 10 * shard + j, np.float32), "id": np.array([10 * shard + j])}
+
+    ds = tfray.Dataset.from_generators(
+        produce,
+        2,
+        element_spec={"x": tf.TensorSpec([None, 256], tf.float32), "id": tf.TensorSpec([None], tf.int64)},
+        ray_remote_args={"num_cpus": 0},
+    )
+    ids = []
+    for batch in ds:
+        for key in ("x", "id"):
+            assert_zero_copy(batch[key], f"{key} of batch {int(batch['id'][0])}")
+        assert float(batch["x"][0, 0]) == int(batch["id"][0])
+        ids.append(int(batch["id"][0]))
+    assert sorted(ids) == [0, 1, 2, 10, 11, 12]
     assert ds.stats()[-1].bytes_copied == 0
 
 
