@@ -51,10 +51,13 @@ def main(config):
     def epoch_ends(epoch):
         ray.get(book.consumed.remote(worker, epoch, sorted(consumed)))
 
+    made_refs = []  # (batch id, ref): checked unchanged after training.
+
     def make_dataset(input_context=None):
         if config["source"] == "refs":
             # The whole list on every worker; each resolves only its share.
             refs = [ray.put(multi_worker.batch(i, rows)) for i in range(config["shards"])]
+            made_refs.extend(enumerate(refs))
             return tfray.Dataset.from_refs(refs, input_context=input_context)
         return tfray.Dataset.from_generators(
             functools.partial(multi_worker.produce, batches_per_shard=config["batches_per_shard"], rows=rows),
@@ -94,6 +97,7 @@ def main(config):
             model = IdRecordingModel()
             model.compile(optimizer=optimizer, loss="mse")
         model.fit(make_dataset(), epochs=config["epochs"], callbacks=[EpochLedger()], verbose=0)
+        check_unchanged(made_refs, rows)
         return
 
     if config["loop"] == "loop":
@@ -122,6 +126,18 @@ def main(config):
         for batch in dist:
             train(batch)
         epoch_ends(epoch)
+    check_unchanged(made_refs, rows)
+
+
+def check_unchanged(refs, rows):
+    """Exits non-zero if training changed any of this worker's Ray objects (TF must never write there)."""
+    import numpy as np
+
+    for i, ref in refs:
+        got, expected = ray.get(ref), multi_worker.batch(i, rows)
+        for key in expected:
+            if not np.array_equal(got[key], expected[key]):
+                sys.exit(f"Ray object {i} field {key} changed by training")
 
 
 if __name__ == "__main__":
