@@ -208,3 +208,44 @@ def test_closing_forgets_an_offer_no_iterator_took(source):
     source.offer(FakeFeeder(), publish=lambda: True)
     source.close()
     assert not source.has_offer() and source.feeders() == []
+
+
+# The feeder pool.
+
+
+class FakeRun:
+    """A feeder that runs ``work`` on a pool thread."""
+
+    def __init__(self, work):
+        import threading
+
+        self.work = work
+        self.done = threading.Event()
+        self.channel = None
+
+    def run(self):
+        try:
+            self.work()
+        finally:
+            self.done.set()
+
+
+def test_a_feeder_that_raises_leaves_its_thread_to_the_next():
+    """A pool thread outlives a feeder that raises: the next feeder still runs."""
+    from tfray._internal.runtime.feeder import FeederPool
+
+    pool = FeederPool()
+
+    def fail():
+        raise RuntimeError("stopping the producers failed")
+
+    first = FakeRun(fail)
+    pool.start(first)
+    assert first.done.wait(5)
+    ran = FakeRun(lambda: None)
+    for _ in range(50):  # Let the first thread count itself idle.
+        if pool._idle == 1:
+            break
+        first.done.wait(0.01)
+    pool.start(ran)
+    assert ran.done.wait(5), "the next feeder was queued for a thread that had died"

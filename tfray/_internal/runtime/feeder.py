@@ -68,10 +68,11 @@ class FeederPool:
                 return
             try:
                 feeder.run()
-            finally:
-                with self._lock:
-                    self._live.discard(feeder)
-                    self._idle += 1
+            except Exception:  # The thread must live on: it is counted as idle next.
+                logger.exception("tfray: a feeder failed")
+            with self._lock:
+                self._live.discard(feeder)
+                self._idle += 1
 
 
 def aligned_copy(array, alignment):
@@ -156,10 +157,11 @@ class Feeder:
         finally:
             try:
                 self._stream.close()  # Stops the epoch's producers.
-            finally:
-                self._stream = None  # Stats outlive the epoch; its data need not.
-                self.refs_in_flight = 0
-                self._channel.close()
+            except Exception:  # E.g. Ray went first; the epoch is over all the same.
+                logger.warning("tfray: %s: stopping an epoch's producers failed", self._name, exc_info=True)
+            self._stream = None  # Stats outlive the epoch; its data need not.
+            self.refs_in_flight = 0
+            self._channel.close()
         return False
 
     def _feed(self):
