@@ -12,6 +12,7 @@ C++ and aborts the process, so every thread leaves its native waits first.
 """
 
 import atexit
+import functools
 import threading
 
 from tfray._internal.runtime import native
@@ -47,15 +48,17 @@ class Runtime:
         self.pins.stop(timeout)
 
 
-_lock = threading.Lock()
-_runtime = None  # This process's Runtime; guarded by _lock.
+_lock = threading.Lock()  # One Runtime even when two threads ask first.
 
 
 def get():
     """This process's Runtime, started on first use."""
-    global _runtime
     with _lock:
-        if _runtime is None:
-            _runtime = Runtime()
-            _runtime.start()
-        return _runtime
+        return _started()
+
+
+@functools.lru_cache(maxsize=None)
+def _started():
+    runtime = Runtime()
+    runtime.start()
+    return runtime
