@@ -77,10 +77,7 @@ test-compat: $(COMPAT_VENV)/.deps
 # $(SANITIZED), over a short test set. Python is not built with ASan, so the
 # runtimes are preloaded into the test process only (tests/sanitized.py);
 # leak checking is off (Python and TensorFlow keep memory until exit by
-# design), and any other report fails the run. Producers (generators) are left
-# out: slowed by the sanitizers, dropping their epochs meets Ray's
-# cancel-while-completing race (README, Limits) far more often, and they run
-# no native code of tfray's that refs do not. --capture=sys: a report is
+# design), and any other report fails the run. --capture=sys: a report is
 # written to file descriptor 2, which pytest's default capture would swallow.
 SANITIZED ?= build/sanitized
 SANITIZED_TESTS ?= tests/test_zero_copy.py tests/test_from_refs.py tests/test_store_safety.py tests/test_errors.py tests/test_gil_free.py
@@ -88,7 +85,7 @@ test-sanitized: build
 	TFRAY_SANITIZE=1 $(PY) setup.py -q build --build-base $(SANITIZED)
 	LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	$(PY) tests/sanitized.py $$(ls -d $(SANITIZED)/lib.*) --capture=sys -m "not slow" -k "not generators" $(SANITIZED_TESTS) $(PYTEST_ARGS)
+	$(PY) tests/sanitized.py $$(ls -d $(SANITIZED)/lib.*) --capture=sys -m "not slow" $(SANITIZED_TESTS) $(PYTEST_ARGS)
 
 demo: build
 	$(PY) examples/keras_fit.py

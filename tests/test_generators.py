@@ -204,25 +204,62 @@ def test_backpressure_bounds_the_store_while_the_consumer_sleeps():
     )[1:]
 
 
-def test_dropping_an_iterator_cancels_producers_and_frees_the_store():
-    """Dropped mid-epoch: producers stop and the store returns to its baseline."""
+def test_dropping_an_iterator_stops_its_producers_and_frees_the_store(tmp_path, monkeypatch):
+    """Dropped mid-epoch: producers return (their finally blocks run), the store empties.
+
+    Never through ray.cancel: cancelling a task that is completing ends the
+    trainer's process in Ray's core worker (see sources/stops.py).
+    """
     wait_until(lambda: store_bytes_used() == 0)
+
+    def never(*args, **kwargs):
+        raise AssertionError("tfray cancelled a producer")
+
+    monkeypatch.setattr(ray, "cancel", never)
+    yields, closed = tmp_path / "yields", tmp_path / "closed"
 
     def endless(shard):
         i = 0
-        while True:
-            yield np.full(MB // 8, i, np.float64)
-            i += 1
+        try:
+            while True:
+                with open(yields, "a") as f:
+                    f.write("x")
+                yield np.full(MB // 8, i, np.float64)
+                i += 1
+        finally:
+            with open(closed, "a") as f:
+                f.write(str(shard))
 
-    ds = tfray.Dataset.from_generators(endless, 2)
+    ds = tfray.Dataset.from_generators(endless, 2, element_spec=tf.TensorSpec([None], tf.float64))
     it = iter(ds)
     for _ in range(5):
         next(it)
     del it
     wait_until(lambda: ds.stats()[-1].finished)
+    # Each producer ran its generator's finally: it returned, it was not killed.
+    wait_until(lambda: closed.exists() and sorted(closed.read_text()) == ["0", "1"])
+    made = yields.stat().st_size
+    time.sleep(0.5)
+    assert yields.stat().st_size == made, "a producer kept yielding after it returned"
     wait_until(lambda: store_bytes_used() == 0)
-    # The producers were cancelled: nothing runs on the cluster any more.
-    wait_until(lambda: ray.available_resources().get("CPU", 0) == 2)
+
+
+def test_an_epoch_that_stops_early_stops_its_producers(tmp_path):
+    """take(n) over endless producers, epoch after epoch: each epoch's producers return."""
+    closed = tmp_path / "closed"
+
+    def endless(shard):
+        try:
+            while True:
+                yield np.zeros(4, np.int64)
+        finally:
+            with open(closed, "a") as f:
+                f.write("x")
+
+    ds = tfray.Dataset.from_generators(endless, 2, element_spec=tf.TensorSpec([4], tf.int64))
+    for epoch in range(1, 4):
+        assert len(list(ds.take(3))) == 3
+        wait_until(lambda: closed.exists() and len(closed.read_text()) == 2 * epoch)
 
 
 def test_producers_do_not_import_tensorflow():

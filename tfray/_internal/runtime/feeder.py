@@ -68,7 +68,7 @@ class FeederPool:
                 return
             try:
                 feeder.run()
-            except Exception:  # The thread must live on: it is counted as idle next.
+            except (Exception, SystemExit):  # The thread must live on: it is counted as idle next.
                 logger.exception("tfray: a feeder failed")
             with self._lock:
                 self._live.discard(feeder)
@@ -147,7 +147,9 @@ class Feeder:
         except EpochError as e:
             # Once Ray is gone, say which dataset lost it.
             self._push_error(e if ray_errors.ray_running() else ray_errors.shutdown_error(self._name))
-        except Exception as e:  # A feeder must never die silently.
+        # A feeder must never die silently. Ray raises SystemExit from a call
+        # that ray.shutdown() overtakes.
+        except (Exception, SystemExit) as e:
             if not ray_errors.ray_running():  # A Ray call met the shutdown.
                 self._push_error(ray_errors.shutdown_error(self._name))
             else:

@@ -1,7 +1,7 @@
 """The Ray calls tfray's own threads make, without Ray's auto-init.
 
-Ray starts a new local Ray when ``ray.get``, ``ray.wait`` or ``ray.cancel``
-is called after ``ray.shutdown()``. From a feeder that would start a Ray
+Ray starts a new local Ray when ``ray.get`` or ``ray.wait`` is
+called after ``ray.shutdown()``. From a feeder that would start a Ray
 behind the user's back, in the middle of an epoch whose objects went with
 the old one; these raise instead, and the feeder reports the shutdown
 (``ray_errors.shutdown_error``).
@@ -17,5 +17,4 @@ def _direct(api):
 
 get = _direct(ray.get)
 wait = _direct(ray.wait)
-cancel = _direct(ray.cancel)
 get_runtime_context = _direct(ray.get_runtime_context)

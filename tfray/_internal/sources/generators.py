@@ -31,7 +31,7 @@ from ray import cloudpickle
 from tfray._internal.runtime import ray_api, ray_errors, spec
 from tfray._internal.runtime.lookahead import START, LookAhead
 from tfray._internal.runtime.resolver import RefResolver
-from tfray._internal.sources import producer, resume
+from tfray._internal.sources import producer, resume, stops
 from tfray._internal.sources.base import Source, default_budget, positive_int
 
 # By value: by reference, every producer process would import tfray and
@@ -170,6 +170,10 @@ class GeneratorShards:
         self._running = []  # (shard index, generator), in rotation order.
         self._turn = 0  # Index into _running of the next round-robin shard.
         self.deterministic = True
+        # What close() posts to stop this epoch's producers (see stops.py).
+        _check_ray()  # Making the board after ray.shutdown() would start a new Ray.
+        self._board = stops.board()
+        self._token = stops.new_token()
         for _ in range(concurrency):
             self._running.append(self._start_next())
         self.done = not self._running
@@ -196,16 +200,13 @@ class GeneratorShards:
         return out
 
     def close(self):
-        # After ray.shutdown() the producers are gone with Ray, and a Ray call
-        # here would start a new local Ray.
-        running = self._running if ray.is_initialized() else []
-        for _, generator in running:
-            # Cancelling a task that is completing can crash this process
-            # (Ray's "Tried to complete task that was not pending" check);
-            # one that has completed needs no cancel.
-            done, _ = ray_api.wait([generator.completed()], timeout=0)
-            if not done:
-                ray_api.cancel(generator)
+        """Stops the running producers: asked on the stop board, never ``ray.cancel``-ed.
+
+        Dropping the generators lets producers paused by backpressure
+        resume, so they see the stop; see stops.py for why not a cancel.
+        """
+        if self._running:
+            stops.stop(self._board, self._token)
         self._running = []
         self._next_shard = len(self._shards)
         self.done = True
@@ -214,7 +215,7 @@ class GeneratorShards:
         shard = self._next_shard
         self._next_shard += 1
         self._taken[shard] = 0
-        return shard, self._runner.remote(self._fn, self._shards[shard])
+        return shard, self._runner.remote(self._fn, self._shards[shard], self._board, self._token)
 
     def _replace(self, position):
         """The shard at ``position`` ended: the next shard takes its place."""

@@ -1,11 +1,47 @@
 """The code a ``from_generators`` producer runs on a Ray worker.
 
-It imports nothing and is pickled by value (see generators.py), so a
-producer process never imports tfray, and with it TensorFlow.
+It imports nothing at module level and is pickled by value (see
+generators.py), so a producer process never imports tfray, and with it
+TensorFlow.
 """
 
+import time
 
-def run_shard(fn, shard):
+# How often a producer asks whether it was stopped (see stops.py); a producer
+# resumed by a dropped epoch asks at once (its pause was longer than this).
+_STOP_CHECK_S = 0.05
+
+
+class _StopCheck:
+    """Whether the trainer stopped this producer's epoch: one parked call to its stop board."""
+
+    def __init__(self, board, token):
+        import ray
+
+        self._ray = ray
+        self._reply = board.wait.remote(token)
+        self._next = time.monotonic() + _STOP_CHECK_S
+
+    def requested(self):
+        if self._reply is None:
+            return False
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + _STOP_CHECK_S
+        ready, _ = self._ray.wait([self._reply], timeout=0, fetch_local=False)
+        if not ready:
+            return False
+        try:
+            return self._ray.get(self._reply)
+        except self._ray.exceptions.RayError:
+            # The board went with its trainer process; Ray ends this task
+            # with its owner.
+            self._reply = None
+            return False
+
+
+def run_shard(fn, shard, board, token):
     batches = fn(shard)
     if not hasattr(batches, "__next__"):  # A function that returned a batch, or a list.
         # generators.NOT_A_GENERATOR's words: this module imports nothing.
@@ -14,4 +50,13 @@ def run_shard(fn, shard):
             f"each producer yields its shard's batches one at a time; fn({shard!r}) "
             f"returned a {type(batches).__name__}."
         )
-    yield from batches
+    stop = _StopCheck(board, token)
+    try:
+        for batch in batches:
+            yield batch
+            if stop.requested():
+                return
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:  # Runs the generator's own finally blocks now.
+            close()

@@ -1,0 +1,79 @@
+"""How a trainer stops its ``from_generators`` producers: asked, not cancelled.
+
+``ray.cancel`` on a streaming-generator task that is completing at that
+moment ends the trainer's process (Ray 2.60's core worker checks
+"Tried to complete task that was not pending" when the task's reply arrives
+after the cancel failed it). A dropped iterator, an epoch that ends early
+and spec learning all stop producers that may be completing, so tfray never
+cancels one. Instead:
+
+1. the trainer posts the epoch's token on its stop board, a Ray actor
+   (``num_cpus=0``, one per trainer process, found by name so that a new
+   Ray session gets a new one);
+2. it drops the epoch's generators: Ray then answers the reports a producer
+   paused by backpressure waits on, so the producer resumes;
+3. each producer checks its token between batches (producer.py) and returns,
+   and its task completes as any other.
+"""
+
+import asyncio
+import collections
+import sys
+import uuid
+
+import ray
+from ray import cloudpickle
+
+from tfray._internal.runtime import ray_api
+
+# By value, like the producers (generators.py): by reference, the actor's
+# process would import tfray, and with it TensorFlow.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+NAMESPACE = "tfray"
+# Stopped tokens remembered for producers whose wait arrives after the stop.
+_TOKENS_KEPT = 100_000
+
+
+@ray.remote(num_cpus=0)
+class StopBoard:
+    """Tokens the trainer has stopped; a producer's ``wait`` returns once its token is."""
+
+    def __init__(self):
+        self._stopped = collections.OrderedDict()
+        self._waiting = {}  # token -> asyncio.Event
+
+    async def wait(self, token):
+        if token not in self._stopped:
+            await self._waiting.setdefault(token, asyncio.Event()).wait()
+        return True
+
+    async def stop(self, token):
+        self._stopped[token] = None
+        while len(self._stopped) > _TOKENS_KEPT:
+            self._stopped.popitem(last=False)
+        event = self._waiting.pop(token, None)
+        if event is not None:
+            event.set()
+
+
+def board():
+    """This process's stop board in the current Ray session, made on first use."""
+    worker = ray_api.get_runtime_context().get_worker_id()
+    return StopBoard.options(
+        name=f"stops-{worker}",
+        namespace=NAMESPACE,
+        get_if_exists=True,
+        # Every running producer parks one wait() call here.
+        max_concurrency=100_000,
+    ).remote()
+
+
+def new_token():
+    return uuid.uuid4().hex
+
+
+def stop(handle, token):
+    """Asks the producers waiting on ``token`` to return (does not wait)."""
+    if ray.is_initialized():  # After ray.shutdown() the producers are gone already.
+        handle.stop.remote(token)
