@@ -141,6 +141,10 @@ PYBIND11_MODULE(_native, m) {
       .def("close", &Channel::Close)
       .def("cancel", &Channel::Cancel)
       .def_property_readonly("cancelled", &Channel::cancelled)
+      .def_property_readonly("items_taken", &Channel::items_taken,
+                             "Batches and errors TF has taken, in push order.")
+      .def_property_readonly("claimed", &Channel::claimed,
+                             "An iterator took this offered channel.")
       .def_property("capacity", &Channel::capacity, &Channel::SetCapacity)
       .def("stats", [](const Channel& self) {
         return tfray::StatsDict(self.Stats());

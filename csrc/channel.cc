@@ -117,6 +117,7 @@ Channel::PopResult Channel::Pop(Batch* batch, Code* code,
     if (items_.empty()) return PopResult::kEnd;
     item = std::move(items_.front());
     items_.pop_front();
+    ++items_taken_;
     if (item.code == Code::kOk) {
       ++stats_.batches_delivered;
       stats_.bytes_delivered += item.bytes;
@@ -161,6 +162,21 @@ void Channel::SetCapacity(size_t capacity) {
 bool Channel::cancelled() const {
   std::lock_guard<std::mutex> lock(mu_);
   return cancelled_;
+}
+
+int64_t Channel::items_taken() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return items_taken_;
+}
+
+bool Channel::claimed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return claimed_;
+}
+
+void Channel::Claim() {
+  std::lock_guard<std::mutex> lock(mu_);
+  claimed_ = true;
 }
 
 ChannelStats Channel::Stats() const {
@@ -212,6 +228,7 @@ bool SourceRegistry::RequestEpoch(Request request,
     auto offer = offered_.find(request.key);
     if (offer != offered_.end() && request.skip == 0) {
       request.channel = std::move(offer->second);
+      request.channel->Claim();
       request.offered = true;
       offered_.erase(offer);
     }

@@ -128,6 +128,13 @@ class Channel {
   void Cancel();
 
   bool cancelled() const;
+  // Items (batches and errors) the consumer has popped, in the order they
+  // were pushed: what TensorFlow has taken of the epoch.
+  int64_t items_taken() const;
+  // Whether an iterator reads this channel; set when one takes an offered
+  // epoch (SourceRegistry::RequestEpoch), before the dispatcher hears of it.
+  bool claimed() const;
+  void Claim();
   size_t capacity() const;
   // Lets the producer adapt how far ahead it may run (its look-ahead).
   void SetCapacity(size_t capacity);
@@ -154,6 +161,8 @@ class Channel {
   std::deque<Item> items_;  // Guarded by mu_.
   bool closed_ = false;     // Guarded by mu_.
   bool cancelled_ = false;  // Guarded by mu_.
+  bool claimed_ = false;    // Guarded by mu_.
+  int64_t items_taken_ = 0;  // Guarded by mu_.
   ChannelStats stats_;      // Guarded by mu_.
 };
 

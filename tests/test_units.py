@@ -167,16 +167,12 @@ def test_a_late_worker_joins_the_oldest_epoch_not_over(clock):
 
 
 class FakeChannel:
-    def __init__(self, get_next_calls=0):
-        self.calls = get_next_calls
-
-    def stats(self):
-        return {"get_next_calls": self.calls}
+    claimed = False  # The native registry sets it when an iterator takes the offer.
 
 
 class FakeFeeder:
-    def __init__(self, calls=0):
-        self.channel = FakeChannel(calls)
+    def __init__(self):
+        self.channel = FakeChannel()
 
 
 @pytest.fixture
@@ -198,7 +194,7 @@ def test_an_offer_counts_as_an_epoch_once_taken(source):
     offered = FakeFeeder()
     source.offer(offered, publish=lambda: True)
     assert source.feeders() == []  # Not read yet: not an epoch in stats().
-    offered.channel.calls = 1  # An iterator took it natively and read.
+    offered.channel.claimed = True  # An iterator took it natively.
     assert source.feeders() == [offered]
     source.take_offered()  # The dispatcher heard of it.
     assert not source.has_offer() and source.feeders() == [offered]
@@ -249,3 +245,73 @@ def test_a_feeder_that_raises_leaves_its_thread_to_the_next():
         first.done.wait(0.01)
     pool.start(ran)
     assert ran.done.wait(5), "the next feeder was queued for a thread that had died"
+
+
+def test_a_feeder_that_meets_rays_system_exit_leaves_its_thread_to_the_next():
+    """Ray raises SystemExit from a call that ray.shutdown() overtakes: the thread lives on."""
+    from tfray._internal.runtime.feeder import FeederPool
+
+    def exit_():
+        raise SystemExit(0)
+
+    pool = FeederPool()
+    first = FakeRun(exit_)
+    pool.start(first)
+    assert first.done.wait(5)
+    for _ in range(50):
+        if pool._idle == 1:
+            break
+        first.done.wait(0.01)
+    assert pool._idle == 1, "the thread died with the feeder"
+    ran = FakeRun(lambda: None)
+    pool.start(ran)
+    assert ran.done.wait(5)
+
+
+# Dynamic sharding: which units TensorFlow has taken whole.
+
+
+class ScriptedResolver:
+    """Hands on the scripted items, one list per read."""
+
+    def __init__(self, units, lookahead):
+        self.reads = []
+        self.lookahead, self.in_flight = lookahead, 0
+
+    def next_ready(self, timeout):
+        return self.reads.pop(0) if self.reads else None
+
+    def close(self):
+        pass
+
+
+class RecordingUnits:
+    def __init__(self):
+        self.taken = []
+
+    def taken_by_tf(self, labels):
+        self.taken.extend(labels)
+
+
+def test_dynamic_epoch_counts_errors_in_their_places(monkeypatch):
+    """TF takes items in the order they were handed on, errors included.
+
+    A refused batch is an item too: counting only batches would take every
+    later unit as finished one batch early (a dying worker would lose it).
+    """
+    from tfray._internal.distribute import dynamic
+
+    monkeypatch.setattr(dynamic, "RefResolver", ScriptedResolver)
+    units = RecordingUnits()
+    taken = [0]
+    epoch = dynamic.DynamicEpoch(units, None, lambda: taken[0])
+    error = ValueError("refused")
+    epoch._resolver.reads = [[("a", 1, None), ("b", None, error), ("c", 3, None)], []]
+    epoch.next_ready(0)
+    assert units.taken == []  # Handed on, not yet taken.
+    taken[0] = 2  # TF took a's batch and b's error.
+    epoch.next_ready(0)
+    assert units.taken == ["a", "b"]
+    taken[0] = 3
+    epoch.close()
+    assert units.taken == ["a", "b", "c"]

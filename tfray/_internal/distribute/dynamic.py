@@ -45,8 +45,7 @@ class DynamicSource(Source):
 
     cardinality = UNKNOWN_CARDINALITY  # The share is decided as it is read.
     # Never started ahead of an iterator: it would lease units that no
-    # iterator may come to read, and its feeder's channel is known only
-    # through record().
+    # iterator may come to read.
     replays = False
 
     def __init__(self, whole, options):
@@ -67,13 +66,12 @@ class DynamicSource(Source):
             lease_s=float(options.lease_timeout_s),
             idle_s=_IDLE_S,
         )
-        self._opened = None  # The epoch open_epoch made last, until record().
         super().__init__(whole.element_spec, capacity=whole.capacity)
         # An epoch the whole source started to learn its spec holds units
         # that other workers may be handed: stop it.
         whole.close()
 
-    def open_epoch(self, *, deterministic, skip=0):
+    def open_epoch(self, *, deterministic, skip=0, taken=None):
         if skip:
             raise BatchError(
                 Code.FAILED_PRECONDITION,
@@ -84,15 +82,7 @@ class DynamicSource(Source):
         units = UnitRefs(self.client, self.client.begin(), self._whole.unit_refs, self._at_once)
         # Adaptive for refs (unless max_inflight fixes it): a consumer that
         # waits for input asks for more units at a time, a slow one does not.
-        self._opened = DynamicEpoch(units, self._whole.lookahead())
-        return self._opened
-
-    def record(self, feeder):
-        # The registry records an epoch's feeder right after opening it: the
-        # epoch needs its channel to tell what TensorFlow has taken.
-        if self._opened is not None:
-            self._opened.channel, self._opened = feeder.channel, None
-        super().record(feeder)
+        return DynamicEpoch(units, self._whole.lookahead(), taken)
 
 
 class UnitRefs:
@@ -186,18 +176,17 @@ class DynamicEpoch:
     """One worker's epoch: its units' refs, resolved ahead in bulk.
 
     A RefResolver over UnitRefs that, before each read, tells the units which
-    batches TensorFlow has taken since (from the channel's count: batches
-    leave the channel in the order they were handed on). A batch the feeder
-    refuses (it does not match the element spec) goes on as an error that
-    the count leaves out, so from then on a unit may count as finished one
-    batch early: a worker dying just then would lose that batch.
+    batches TensorFlow has taken since: ``taken()`` counts the items (batches
+    and errors) TF took from the epoch's channel, which leave it in the order
+    they were handed on. A batch the feeder refuses (it does not match the
+    element spec) goes on as an error in its place, so it is counted too.
     """
 
-    def __init__(self, units, lookahead):
+    def __init__(self, units, lookahead, taken):
         self._units = units
         self._resolver = RefResolver(units, lookahead=lookahead)
-        self.channel = None  # Set by DynamicSource.record before the first read.
-        self._handed = collections.deque()  # Labels of batches handed on, in order.
+        self._taken_now = taken
+        self._handed = collections.deque()  # Labels of items handed on, in order.
         self._taken = 0  # Of those, how many TensorFlow took.
 
     @property
@@ -211,11 +200,7 @@ class DynamicEpoch:
     def next_ready(self, timeout):
         self._note_taken()
         items = self._resolver.next_ready(timeout)
-        for label, _, error in items or ():
-            if error is None:
-                self._handed.append(label)
-            else:  # An error takes the batch's place: nothing for TF to train on.
-                self._units.taken_by_tf([label])
+        self._handed.extend(label for label, _, _ in items or ())
         return items
 
     def close(self):
@@ -223,9 +208,7 @@ class DynamicEpoch:
         self._resolver.close()  # Closes the units too: any not taken go back.
 
     def _note_taken(self):
-        if self.channel is None:
-            return
-        delivered = self.channel.stats()["batches_delivered"]
-        labels = [self._handed.popleft() for _ in range(delivered - self._taken)]
-        self._taken = delivered
+        taken = self._taken_now()
+        labels = [self._handed.popleft() for _ in range(taken - self._taken)]
+        self._taken = taken
         self._units.taken_by_tf(labels)

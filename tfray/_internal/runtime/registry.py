@@ -82,7 +82,11 @@ class Registry(Service):
             return
         try:
             _check_session(key, source)
-            stream = source.open_epoch(deterministic=request.deterministic, skip=request.skip)
+            stream = source.open_epoch(
+                deterministic=request.deterministic,
+                skip=request.skip,
+                taken=lambda: channel.items_taken,
+            )
         except BatchError as e:
             channel.push_error(int(e.code), e.message)
             channel.close()
@@ -94,7 +98,7 @@ class Registry(Service):
             return
         feeder = self._feeder(key, source, stream, channel)
         source.epochs += 1
-        source.record(feeder)
+        source.record(feeder)  # For stats().
         self._feeders.start(feeder)
 
     def _offer_next_epoch(self, key):
@@ -112,7 +116,7 @@ class Registry(Service):
         if source is None or not source.replays or source.epochs < 2 or source.has_offer():
             return
         channel = self._lib.Channel(source.capacity)
-        stream = source.open_epoch(deterministic=True)
+        stream = source.open_epoch(deterministic=True, taken=lambda: channel.items_taken)
         feeder = self._feeder(key, source, stream, channel)
         if source.offer(feeder, lambda: self._lib.offer_epoch(key, channel)):
             self._feeders.start(feeder)

@@ -88,8 +88,13 @@ class Source:
     def _infer_spec(self):
         raise NotImplementedError
 
-    def open_epoch(self, *, deterministic, skip=0):
-        """A stream of one epoch, past its first ``skip`` items (see resume.py)."""
+    def open_epoch(self, *, deterministic, skip=0, taken=None):
+        """A stream of one epoch, past its first ``skip`` items (see resume.py).
+
+        ``taken()``: how many of the items the stream hands on (batches and
+        errors, in order) TensorFlow has taken; for a source whose work is
+        done only once TF has it (dynamic sharding).
+        """
         raise NotImplementedError
 
     def shard(self, num_shards, index):
@@ -143,7 +148,7 @@ class Source:
         with self._lock:
             feeders, offered = list(self._feeders), self._offered
         # An offer taken, but not yet known to the dispatcher, is an epoch too.
-        if offered is not None and offered.channel.stats()["get_next_calls"]:
+        if offered is not None and offered.channel.claimed:
             feeders.append(offered)
         return feeders
 

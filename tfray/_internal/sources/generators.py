@@ -354,7 +354,7 @@ class GeneratorSource(Source):
                 stream.close()
         raise ValueError("from_generators: no shard yielded a batch; pass element_spec.")
 
-    def open_epoch(self, *, deterministic, skip=0):
+    def open_epoch(self, *, deterministic, skip=0, taken=None):
         shards = self._start()
         shards.deterministic = deterministic if self._deterministic is None else self._deterministic
         if skip:

@@ -432,7 +432,7 @@ class RayDataSource(Source):
             )
         return IterBatches(self._data, elements, args)
 
-    def open_epoch(self, *, deterministic, skip=0):
+    def open_epoch(self, *, deterministic, skip=0, taken=None):
         stream = self._start()
         if skip:
             if not preserves_order(self._data, self._iter_batches_args):
