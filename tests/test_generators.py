@@ -274,6 +274,51 @@ def test_producers_do_not_import_tensorflow():
     assert imported.numpy().tolist() == [0, 0]
 
 
+def test_learning_the_spec_makes_no_batch_twice(tmp_path):
+    """Without element_spec, the epoch that learned it serves the first iterator.
+
+    Two workers' automatic shares (as under MultiWorkerMirroredStrategy):
+    every batch is made once, and each is read once.
+    """
+    made = tmp_path / "made"
+
+    def gen(shard):
+        for i in range(4):
+            with open(made, "a") as f:
+                f.write(f"{shard}:{i}\n")
+            yield np.full(3, shard * 10 + i, np.int64)
+
+    got = []
+    for worker in range(2):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=worker)
+        ds = tfray.Dataset.from_generators(gen, 6, input_context=context)
+        got += [int(b[0]) for b in ds]
+    assert sorted(got) == [s * 10 + i for s in range(6) for i in range(4)]
+    lines = made.read_text().split()
+    assert len(lines) == 24 and len(set(lines)) == 24, sorted(lines)
+
+
+def test_an_unread_learning_epoch_is_stopped_with_its_dataset(tmp_path):
+    """The epoch spec learning began stops when its dataset goes unread."""
+    import gc
+
+    closed = tmp_path / "closed"
+
+    def endless(shard):
+        try:
+            while True:
+                yield np.zeros(2, np.int64)
+        finally:
+            with open(closed, "a") as f:
+                f.write("x")
+
+    ds = tfray.Dataset.from_generators(endless, 2)  # Learns the spec: producers run.
+    assert ds.element_spec.shape.as_list() == [None]
+    del ds
+    gc.collect()
+    wait_until(lambda: closed.exists() and len(closed.read_text()) == 2)
+
+
 def test_inferring_specs_holds_no_cpu_for_later_datasets():
     """Datasets built before any is read (train, validation, test) all start.
 

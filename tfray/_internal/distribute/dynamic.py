@@ -66,10 +66,7 @@ class DynamicSource(Source):
             lease_s=float(options.lease_timeout_s),
             idle_s=_IDLE_S,
         )
-        super().__init__(whole.element_spec, capacity=whole.capacity)
-        # An epoch the whole source started to learn its spec holds units
-        # that other workers may be handed: stop it.
-        whole.close()
+        super().__init__(whole.spec_only(), capacity=whole.capacity)
 
     def open_epoch(self, *, deterministic, skip=0, taken=None):
         if skip:

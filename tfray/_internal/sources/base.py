@@ -85,6 +85,14 @@ class Source:
             self._flat_spec = spec.FlatSpec(self._wire_spec())  # Checks it, too.
         return self._flat_spec
 
+    def spec_only(self):
+        """The element spec, learned without keeping an epoch for a first iterator.
+
+        For a source whose epochs others read (dynamic sharding's whole):
+        ``from_generators`` otherwise keeps the epoch that learned the spec.
+        """
+        return self.element_spec
+
     def _infer_spec(self):
         raise NotImplementedError
 

@@ -31,6 +31,7 @@ from ray import cloudpickle
 from tfray._internal.runtime import ray_api, ray_errors, spec
 from tfray._internal.runtime.lookahead import START, LookAhead
 from tfray._internal.runtime.resolver import RefResolver
+from tfray._internal.runtime.streams import Wrapped
 from tfray._internal.sources import producer, resume, stops
 from tfray._internal.sources.base import Source, default_budget, positive_int
 
@@ -254,6 +255,48 @@ class GeneratorShards:
             pause = min(2 * pause, _LAST_PAUSE_S)
 
 
+# Producer options that reserve resources, which a paused producer keeps.
+_RESERVING = ("num_gpus", "resources", "memory", "accelerator_type", "placement_group")
+
+
+def _reserves_resources(ray_remote_args):
+    return any((ray_remote_args or {}).get(name) for name in _RESERVING)
+
+
+def _spec_of(first):
+    label, ref = first
+    try:
+        return spec.infer(ray.get(ref))
+    except ray.exceptions.RayTaskError as e:
+        raise ValueError(f"from_generators: {label} raised while inferring element_spec: {e}") from e
+
+
+class _Begun(Wrapped):
+    """A RefStream that spec learning began: the refs it took come first."""
+
+    def __init__(self, stream, taken):
+        super().__init__(stream)
+        self._taken = list(taken)
+
+    @property
+    def deterministic(self):
+        return self._stream.deterministic
+
+    @deterministic.setter
+    def deterministic(self, value):
+        self._stream.deterministic = value
+
+    @property
+    def done(self):
+        return not self._taken and self._stream.done
+
+    def take(self, n, timeout):
+        out, self._taken = self._taken[:n], self._taken[n:]
+        if len(out) < n:
+            out += self._stream.take(n - len(out), 0 if out else timeout)
+        return out
+
+
 class GeneratorSource(Source):
     """``fn(shard)`` generators, each run as a streaming Ray task per epoch."""
 
@@ -288,6 +331,7 @@ class GeneratorSource(Source):
         # Without element_spec, it is learned when first asked for: by then a
         # worker's share is known, and only the share's producers run.
         super().__init__(element_spec, capacity=self._window)
+        self._early = None  # The epoch learning the spec began; guarded by _lock.
 
     def work_units(self):
         """For ``sharding="dynamic"``: ``(key, count, at_once)``, a unit per shard.
@@ -334,28 +378,59 @@ class GeneratorSource(Source):
             concurrency=concurrency(len(self._shards), self._ray_remote_args),
         )
 
-    def _infer_spec(self):
-        # Runs one producer at a time, only to its first batch, and stops it:
-        # an epoch started here and left unread would hold its CPUs, and the
-        # next dataset's producers (a validation set, say) could never start.
-        for number in range(len(self._shards)):
-            stream = self._producer(number, 1)
+    def spec_only(self):
+        if self._element_spec is None:
+            self._element_spec = self._infer_spec(keep_epoch=False)
+        return self.element_spec
+
+    def _infer_spec(self, keep_epoch=True):
+        """The spec of the first batch, from a first epoch then kept for the first iterator.
+
+        Producers reserve no CPU, so an epoch started here and left unread
+        holds none from other datasets' producers (a validation set's, say).
+        Producers that reserve other resources (GPUs, custom ones) would:
+        for those, one producer at a time runs to its first batch and stops,
+        and that batch is made again in the first epoch; likewise without
+        ``keep_epoch`` (see spec_only).
+        """
+        if not keep_epoch or _reserves_resources(self._ray_remote_args):
+            for number in range(len(self._shards)):
+                stream = self._producer(number, 1)
+                try:
+                    first = stream.take(1, timeout=None)
+                    if first:
+                        return _spec_of(first[0])
+                finally:
+                    stream.close()
+        else:
+            stream = self._start()
             try:
                 first = stream.take(1, timeout=None)
                 if first:
-                    label, ref = first[0]
-                    try:
-                        return spec.infer(ray.get(ref))
-                    except ray.exceptions.RayTaskError as e:
-                        raise ValueError(
-                            f"from_generators: {label} raised while inferring element_spec: {e}"
-                        ) from e
+                    learned = _spec_of(first[0])
+                    with self._lock:
+                        self._early, stream = _Begun(stream, first), None
+                    return learned
             finally:
-                stream.close()
+                if stream is not None:
+                    stream.close()
         raise ValueError("from_generators: no shard yielded a batch; pass element_spec.")
 
+    def close(self):
+        """Also stops the epoch spec learning began, if no iterator took it."""
+        with self._lock:
+            early, self._early = self._early, None
+        if early is not None:
+            early.close()
+        super().close()
+
     def open_epoch(self, *, deterministic, skip=0, taken=None):
-        shards = self._start()
+        with self._lock:
+            early, self._early = self._early, None
+        if early is not None and skip:  # A resumed epoch starts afresh.
+            early.close()
+            early = None
+        shards = early or self._start()
         shards.deterministic = deterministic if self._deterministic is None else self._deterministic
         if skip:
             if not shards.deterministic:
