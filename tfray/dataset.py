@@ -174,7 +174,7 @@ class Dataset(dataset_ops.DatasetSource):
 
         Each epoch runs ``fn(shard)`` for every shard as a streaming Ray task
         (a producer), whose batches go straight into the object store while
-        the trainer trains. Dropping an iterator cancels its producers.
+        the trainer trains. Dropping an iterator stops its producers.
 
         Args:
             fn: a generator function ``fn(shard)`` yielding batches (the forms
