@@ -95,7 +95,8 @@ PYBIND11_MODULE(_native, m) {
           "push",
           [](Channel& self, const py::list& batches,
              const std::vector<int>& dtypes) {
-            // Each entry: (arrays, token, bytes_copied, arrays_copied).
+            // Each entry is a feeder.Entry, a NamedTuple: (arrays, token,
+            // bytes_copied, arrays_copied), read by position.
             struct Pending {
               tfray::Batch batch;
               int64_t bytes_copied, arrays_copied;
@@ -125,7 +126,7 @@ PYBIND11_MODULE(_native, m) {
             return pushed;
           },
           py::arg("batches"), py::arg("dtypes"),
-          "Pushes (arrays, token, bytes_copied, arrays_copied) entries in "
+          "Pushes feeder.Entry tuples (arrays, token, bytes_copied, arrays_copied) in "
           "order, waiting for room; returns how many went in before the "
           "consumer cancelled.")
       .def(

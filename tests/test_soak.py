@@ -141,22 +141,18 @@ class Soak:
         del it
 
     def settle(self):
+        # Every epoch's feeder is done, so an epoch of refs_ds that ran to
+        # its end has made its offer: the next epoch, started ahead and
+        # pinned until an iterator takes it. Take it and drop it mid-epoch
+        # (which offers nothing), so that any pin left is a leak.
         wait_until(lambda: all(s.finished for s in self.refs_ds.stats() + self.gen_ds.stats()))
-        # An epoch of refs_ds that ran to its end started the next one ahead,
-        # pinned until an iterator takes it: take any such offer and drop it
-        # (again, if one was made meanwhile); a leaked pin never goes.
-        def released():
-            if runtime.get().pins.count() == 0:
-                return True
+        if self.refs_ds._source.has_offer():
             it = iter(self.refs_ds)
             next(it)
             del it
-            gc.collect()
-            return runtime.get().pins.count() == 0
-
-        wait_until(released)
+        gc.collect()
+        wait_until(lambda: runtime.get().pins.count() == 0)
         wait_until(lambda: all(s.finished for s in self.refs_ds.stats() + self.gen_ds.stats()))
-        wait_until(lambda: ray.available_resources().get("CPU", 0) == 2)  # Producers done.
         # Frees reach the store's counters a little later; a leak never does.
         wait_until(lambda: store_bytes_used() <= self.resting_store)
         return _resources()

@@ -403,37 +403,41 @@ def _require_kind(method, argument, source):
         )
 
 
+# What every kind takes, handled by Dataset itself.
+_COMMON = ("element_spec", "sharding", "input_context")
+
+
 def _make_source(source, element_spec, options):
+    """The source ``Dataset(source, **options)`` reads.
+
+    Each kind's options, and their defaults, are declared once: by the
+    signature of its public constructor (``Dataset.from_refs`` and the others),
+    which ``options`` are bound to here.
+    """
     if isinstance(source, sources.Source):  # From shard(): already made.
         return source
     kind = _kind(source)
-    make = {
-        "from_refs": _refs_source,
-        "from_generators": _generator_source,
-        "from_ray_data": _ray_data_source,
-    }[kind]
-    _check_options(kind, make, options)
-    return make(source, element_spec, **options)
-
-
-def _check_options(kind, make, options):
-    """Options the source does not take are named here, not by a private helper."""
-    params = inspect.signature(make).parameters
-    known = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
-    unknown = sorted(set(options) - set(known))
+    signature = inspect.signature(getattr(Dataset, kind))
+    params = list(signature.parameters.values())
+    own = [p.name for p in params[1:] if p.name not in _COMMON]
+    unknown = sorted(set(options) - set(own))
     if unknown:
         raise TypeError(
             f"tfray.Dataset: {_KINDS[kind]} takes the options of Dataset.{kind} "
-            f"({', '.join(known)}), not {', '.join(unknown)}"
+            f"({', '.join(own)}), not {', '.join(unknown)}"
         )
-    for name in known:
-        if params[name].default is params[name].empty and name not in options:
+    for p in params[1:]:
+        if p.default is p.empty and p.name not in options:
             raise TypeError(
-                f"tfray.Dataset: {name}: required for {_KINDS[kind]} (see Dataset.{kind})"
+                f"tfray.Dataset: {p.name}: required for {_KINDS[kind]} (see Dataset.{kind})"
             )
+    bound = signature.bind(source, element_spec=element_spec, **options)
+    bound.apply_defaults()
+    arguments = {n: v for n, v in bound.arguments.items() if n not in ("sharding", "input_context")}
+    return _BUILDERS[kind](**arguments)
 
 
-def _refs_source(refs, element_spec, *, max_inflight=None, max_inflight_bytes=None):
+def _refs_source(refs, element_spec, max_inflight, max_inflight_bytes):
     return sources.RefsSource(
         refs,
         element_spec=element_spec,
@@ -451,15 +455,7 @@ def _as_int(name, value):
     return int(value)
 
 
-def _generator_source(
-    fn,
-    element_spec,
-    *,
-    shards,
-    max_inflight_per_producer=_MAX_INFLIGHT_PER_PRODUCER,
-    deterministic=None,
-    ray_remote_args=None,
-):
+def _generator_source(fn, shards, element_spec, max_inflight_per_producer, deterministic, ray_remote_args):
     if isinstance(ray_remote_args, dict) and ray_remote_args:  # Refused now, not later.
         try:
             ray.remote(**ray_remote_args)(_run_nothing)
@@ -476,20 +472,19 @@ def _generator_source(
 
 
 def _ray_data_source(
-    data,
+    ray_ds,
+    feature_columns,
+    label_columns,
+    additional_columns,
+    prefetch_batches,
+    batch_size,
+    drop_last,
+    local_shuffle_buffer_size,
+    local_shuffle_seed,
+    feature_type_spec,
+    label_type_spec,
+    additional_type_spec,
     element_spec,
-    *,
-    feature_columns=None,
-    label_columns=None,
-    additional_columns=None,
-    prefetch_batches=1,
-    batch_size=1,
-    drop_last=False,
-    local_shuffle_buffer_size=None,
-    local_shuffle_seed=None,
-    feature_type_spec=None,
-    label_type_spec=None,
-    additional_type_spec=None,
 ):
     groups = (feature_columns, label_columns, additional_columns)
     for name, columns in zip(ray_data.GROUPS, groups):
@@ -516,8 +511,8 @@ def _ray_data_source(
     if _as_int("prefetch_batches", prefetch_batches) < 0:
         raise ValueError(f"prefetch_batches: expected >= 0, got {prefetch_batches}")
     return sources.RayDataSource(
-        data,
-        layout=ray_data.layout(data, groups, type_specs, element_spec),
+        ray_ds,
+        layout=ray_data.layout(ray_ds, groups, type_specs, element_spec),
         capacity=_RAY_DATA_CAPACITY,
         iter_batches_args=dict(
             batch_size=batch_size,
@@ -527,6 +522,13 @@ def _ray_data_source(
             prefetch_batches=prefetch_batches,
         ),
     )
+
+
+_BUILDERS = {
+    "from_refs": _refs_source,
+    "from_generators": _generator_source,
+    "from_ray_data": _ray_data_source,
+}
 
 
 def _run_nothing():

@@ -10,6 +10,7 @@ stream (and so Ray) for more.
 import logging
 import queue
 import threading
+from typing import List, NamedTuple
 
 import numpy as np
 
@@ -82,6 +83,15 @@ def aligned_copy(array, alignment):
     out = raw[offset : offset + array.nbytes].view(array.dtype).reshape(array.shape)
     np.copyto(out, array)
     return out
+
+
+class Entry(NamedTuple):
+    """One batch as ``Channel.push`` takes it (bindings.cc reads these fields in order)."""
+
+    arrays: List[np.ndarray]  # C-contiguous and aligned, in the spec's flat order.
+    token: int  # The pin that keeps the arrays alive while TF uses them (pins.py).
+    bytes_copied: int  # What tfray copied to make the batch, for stats().
+    arrays_copied: int
 
 
 class Copied:
@@ -197,7 +207,7 @@ class Feeder:
                     raise error
                 pending.append(self._entry(label, value))
                 if lookahead is not None:
-                    lookahead.observe(sum(a.nbytes for a in pending[-1][0]))
+                    lookahead.observe(sum(a.nbytes for a in pending[-1].arrays))
             except BatchError as e:
                 if not self._push(pending):
                     return False
@@ -222,7 +232,7 @@ class Feeder:
                 arrays_copied += 1
         # Pin the batch as it came, plus any copies made from it.
         token = self._pins.pin((value, arrays))
-        return (arrays, token, bytes_copied, arrays_copied)
+        return Entry(arrays, token, bytes_copied, arrays_copied)
 
     def _push(self, entries):
         """Pushes entries in order; returns False once the consumer is gone."""
