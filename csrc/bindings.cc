@@ -4,13 +4,16 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "channel.h"
 #include "tf_compat.h"
+#include "window.h"
 
 namespace py = pybind11;
 
@@ -141,6 +144,16 @@ PYBIND11_MODULE(_native, m) {
           "Queues an error after the batches; False if the consumer is gone.")
       .def("close", &Channel::Close)
       .def("cancel", &Channel::Cancel)
+      .def(
+          "push_window",
+          [](Channel& self, const py::list& values, size_t start,
+             const tfray::SpecTemplate& spec) {
+            auto r = tfray::PushWindow(self, values, start, spec);
+            return py::make_tuple(r.taken, r.pushed, r.bytes);
+          },
+          py::arg("values"), py::arg("start"), py::arg("spec"),
+          "Pushes values[start:] while they match `spec` as they are, in "
+          "one call (window.h); returns (taken, pushed, bytes).")
       .def_property_readonly("cancelled", &Channel::cancelled)
       .def_property_readonly("items_taken", &Channel::items_taken,
                              "Batches and errors TF has taken, in push order.")
@@ -180,13 +193,35 @@ PYBIND11_MODULE(_native, m) {
       py::arg("key"), py::arg("channel"),
       "Offers a channel a feeder fills with the next epoch of source `key` "
       "to its next iterator. False if the source is gone or has an offer.");
+  py::class_<tfray::SpecTemplate>(m, "SpecTemplate",
+                                  "An element spec as push_window matches it.")
+      .def(py::init<py::handle, const py::list&, size_t>(),
+           py::arg("structure"), py::arg("leaves"), py::arg("alignment"));
+
   m.def(
       "drain_released",
       [](double timeout) {
-        py::gil_scoped_release release;
-        return tfray::ReleaseQueue::Global()->Drain(timeout);
+        std::vector<uint64_t> ids;
+        {
+          py::gil_scoped_release release;
+          auto& queue = *tfray::ReleaseQueue::Global();
+          ids = queue.Drain(timeout);
+          if (!ids.empty()) {
+            // Batches are freed one by one as TF moves on: gather a
+            // millisecond's worth, so the GIL is taken per window of
+            // releases rather than per batch.
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            for (uint64_t id : queue.Drain(0)) ids.push_back(id);
+          }
+        }
+        return tfray::NativePins::Global().Unpin(ids);
       },
-      py::arg("timeout"), "Waits for and returns released token ids.");
+      py::arg("timeout"),
+      "Waits for released token ids, unpins the native ones (push_window's) "
+      "and returns the others.");
+  m.def(
+      "native_pins", [] { return tfray::NativePins::Global().size(); },
+      "How many batches push_window pinned that are not yet released.");
   m.def("built_tf_version", [] { return std::string(TFRAY_BUILT_TF_VERSION); });
   m.attr("TENSOR_ALIGNMENT") = TFRAY_TENSOR_ALIGNMENT;
 }

@@ -5,6 +5,7 @@ first, without a cluster.
 """
 
 import asyncio
+import time
 
 import pytest
 
@@ -195,6 +196,7 @@ def test_an_offer_counts_as_an_epoch_once_taken(source):
     source.offer(offered, publish=lambda: True)
     assert source.feeders() == []  # Not read yet: not an epoch in stats().
     offered.channel.claimed = True  # An iterator took it natively.
+    assert not source.has_offer()  # The next epoch may be offered already.
     assert source.feeders() == [offered]
     source.take_offered()  # The dispatcher heard of it.
     assert not source.has_offer() and source.feeders() == [offered]
@@ -239,10 +241,10 @@ def test_a_feeder_that_raises_leaves_its_thread_to_the_next():
     pool.start(first)
     assert first.done.wait(5)
     ran = FakeRun(lambda: None)
-    for _ in range(50):  # Let the first thread count itself idle.
+    for _ in range(500):  # Let the first thread count itself idle.
         if pool._idle == 1:
             break
-        first.done.wait(0.01)
+        time.sleep(0.01)
     pool.start(ran)
     assert ran.done.wait(5), "the next feeder was queued for a thread that had died"
 
@@ -258,10 +260,10 @@ def test_a_feeder_that_meets_rays_system_exit_leaves_its_thread_to_the_next():
     first = FakeRun(exit_)
     pool.start(first)
     assert first.done.wait(5)
-    for _ in range(50):
+    for _ in range(500):
         if pool._idle == 1:
             break
-        first.done.wait(0.01)
+        time.sleep(0.01)
     assert pool._idle == 1, "the thread died with the feeder"
     ran = FakeRun(lambda: None)
     pool.start(ran)

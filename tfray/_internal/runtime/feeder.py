@@ -117,13 +117,24 @@ class Feeder:
         channel: the native channel of the TF iterator this epoch serves.
         pins: the runtime's Pins, which keep each batch alive while TF uses it.
         alignment: the byte alignment TF tensors need.
+        native_spec: ``flat_spec.native(...)``, to push windows of batches in
+            one native call; None: one by one, in Python.
         on_end: called (on the feeder's thread) once every batch of the
             epoch is in the channel, unless the epoch was cancelled.
         name: the dataset this epoch is of, for messages.
     """
 
     def __init__(
-        self, stream, flat_spec, channel, *, pins, alignment, on_end=None, name="tfray.Dataset"
+        self,
+        stream,
+        flat_spec,
+        channel,
+        *,
+        pins,
+        alignment,
+        native_spec=None,
+        on_end=None,
+        name="tfray.Dataset",
     ):
         self._pins = pins
         self.done = threading.Event()
@@ -131,6 +142,7 @@ class Feeder:
         self._on_end = on_end
         self._stream = stream
         self._spec = flat_spec
+        self._native_spec = native_spec
         self._channel = channel
         self._alignment = alignment
         self.refs_in_flight = 0  # Read by stats(); an int store is atomic.
@@ -198,8 +210,20 @@ class Feeder:
     def _deliver(self, items, lookahead):
         """Pushes ``items`` in order, errors in their places; False if cancelled.
 
-        ``lookahead``, when it adapts, learns the size of each batch.
+        The window's batches go in one native call (window.h) up to the first
+        item it does not take as it is: an error, a batch to copy or one that
+        does not match the spec. From there on, this window's items are
+        handled one by one here, with the messages that say what is wrong.
+        ``lookahead``, when it adapts, learns the size of the batches.
         """
+        if self._native_spec is not None:
+            values = [value for _, value, _ in items]
+            taken, pushed, nbytes = self._channel.push_window(values, 0, self._native_spec)
+            if pushed < taken:
+                return False  # The consumer is gone.
+            if taken and lookahead is not None:
+                lookahead.observe(nbytes / taken)
+            items = items[taken:]
         pending = []
         for label, value, error in items:
             try:

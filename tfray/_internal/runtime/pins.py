@@ -1,9 +1,12 @@
 """Python references that keep batch memory alive while TensorFlow uses it.
 
-A batch pushed to a channel is pinned here under a token id. When TensorFlow
-drops the last tensor (and slice) of that batch, the native release queue
-gets the id (on whatever thread that was, without the GIL) and the release
-thread drops the reference, and with it Ray's pin on the object.
+A batch the feeder pushes one at a time is pinned here under a token id;
+batches pushed a window at a time are pinned natively (window.h). When
+TensorFlow drops the last tensor (and slice) of a batch, the native release
+queue gets its id (on whatever thread that was, without the GIL) and the
+release thread drops the reference, and with it Ray's pin on the object:
+the native ones inside ``drain_released``, with the GIL taken once for all
+the ids released meanwhile.
 """
 
 import itertools
@@ -34,11 +37,12 @@ class Pins(Service):
     def count(self):
         """How many batches TensorFlow (or a channel) still holds."""
         with self._lock:
-            return len(self._pinned)
+            return len(self._pinned) + self._lib.native_pins()
 
     def _run(self):
         while not self._stop.is_set():
-            released = self._lib.drain_released(0.2)  # Waits without the GIL.
+            # Waits without the GIL; unpins the native pins, returns the others.
+            released = self._lib.drain_released(0.2)
             if released:
                 with self._lock:
                     dropped = [self._pinned.pop(t, None) for t in released]

@@ -131,6 +131,7 @@ class Registry(Service):
             channel,
             pins=self._pins,
             alignment=self._lib.TENSOR_ALIGNMENT,
+            native_spec=source.flat_spec.native(self._lib, self._lib.TENSOR_ALIGNMENT),
             on_end=functools.partial(self._offer_next_epoch, key),
             name=_describe(key, source),
         )

@@ -155,6 +155,18 @@ class FlatSpec:
         self._shapes = [
             None if s.shape.rank is None else tuple(s.shape.as_list()) for s in self.specs
         ]
+        self._structure = _template(element_spec, iter(range(len(leaves))))
+        self._native = None
+
+    def native(self, lib, alignment):
+        """This spec as the native library's SpecTemplate (window.h), made once."""
+        if self._native is None:
+            leaves = [
+                (np_dtype, shape, enum)
+                for np_dtype, shape, enum in zip(self.np_dtypes, self._shapes, self.dtype_enums)
+            ]
+            self._native = lib.SpecTemplate(self._structure, leaves, alignment)
+        return self._native
 
     def check(self, batch):
         """Flattens ``batch`` and checks it; returns its arrays or raises BatchError."""
@@ -178,6 +190,15 @@ class FlatSpec:
                 )
             arrays.append(array)
         return arrays
+
+
+def _template(nest, indices):
+    """``nest`` with each leaf replaced by its flat index (dicts in sorted key order)."""
+    if isinstance(nest, dict):
+        return {key: _template(nest[key], indices) for key in sorted(nest)}
+    if isinstance(nest, (tuple, list)):
+        return tuple(_template(value, indices) for value in nest)
+    return next(indices)
 
 
 def _abbreviate(paths, limit=10):

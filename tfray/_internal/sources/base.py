@@ -130,7 +130,9 @@ class Source:
             self._feeders.append(feeder)
 
     def has_offer(self):
+        """Whether an epoch offered ahead waits for an iterator to take it."""
         with self._lock:
+            self._settle_offer()
             return self._offered is not None
 
     def offer(self, feeder, publish):
@@ -140,25 +142,29 @@ class Source:
         lock, so the dispatcher cannot see the offer taken before it is kept.
         """
         with self._lock:
+            self._settle_offer()
             if self._offered is not None or not publish():
                 return False
             self._offered = feeder
             return True
 
     def take_offered(self):
-        """An iterator took the offered epoch: it counts from now on."""
+        """The dispatcher heard that an iterator took the offered epoch."""
         with self._lock:
-            feeder, self._offered = self._offered, None
-            if feeder is not None:
-                self._feeders.append(feeder)
+            self._settle_offer()
 
     def feeders(self):
         with self._lock:
-            feeders, offered = list(self._feeders), self._offered
-        # An offer taken, but not yet known to the dispatcher, is an epoch too.
-        if offered is not None and offered.channel.claimed:
-            feeders.append(offered)
-        return feeders
+            self._settle_offer()
+            return list(self._feeders)
+
+    def _settle_offer(self):
+        # An iterator takes an offer natively (its channel is claimed then),
+        # before the dispatcher hears of it: from then on it is an epoch like
+        # any other, and the next may be offered (at its end, say).
+        if self._offered is not None and self._offered.channel.claimed:
+            self._feeders.append(self._offered)
+            self._offered = None
 
     def close(self):
         """Forgets an epoch no iterator took (the dataset is gone)."""

@@ -1,0 +1,194 @@
+#include "window.h"
+
+#include <memory>
+#include <utility>
+
+namespace py = pybind11;
+
+namespace tfray {
+
+NativePins& NativePins::Global() {
+  // Leaked on purpose, like the release queue: batches may be released
+  // during interpreter and static teardown.
+  static auto* pins = new NativePins;
+  return *pins;
+}
+
+uint64_t NativePins::Pin(py::handle obj) {
+  obj.inc_ref();
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = kNativeBit | next_++;
+  pinned_.emplace(id, obj.ptr());
+  return id;
+}
+
+std::vector<uint64_t> NativePins::Unpin(const std::vector<uint64_t>& ids) {
+  std::vector<uint64_t> others;
+  std::vector<PyObject*> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t id : ids) {
+      if (!(id & kNativeBit)) {
+        others.push_back(id);
+        continue;
+      }
+      auto it = pinned_.find(id);
+      if (it != pinned_.end()) {
+        dropped.push_back(it->second);
+        pinned_.erase(it);
+      }
+    }
+  }
+  // Outside the lock: freeing a batch may run arbitrary Python (Ray's
+  // release of its object), which may pin or unpin too.
+  for (PyObject* obj : dropped) Py_DECREF(obj);
+  return others;
+}
+
+size_t NativePins::size() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pinned_.size();
+}
+
+SpecTemplate::SpecTemplate(py::handle structure, const py::list& leaves,
+                           size_t alignment)
+    : root_(Parse(structure)), alignment_(alignment) {
+  for (const auto& item : leaves) {
+    auto t = py::reinterpret_borrow<py::tuple>(item);
+    Leaf leaf;
+    leaf.dtype = py::dtype::from_args(t[0]);
+    if (!t[1].is_none()) {
+      auto dims = t[1].cast<py::tuple>();
+      leaf.rank = static_cast<int>(dims.size());
+      for (const auto& d : dims) {
+        leaf.shape.push_back(d.is_none() ? -1 : d.cast<int64_t>());
+      }
+    }
+    leaf.tf_dtype = t[2].cast<int>();
+    leaves_.push_back(std::move(leaf));
+  }
+}
+
+SpecTemplate::Node SpecTemplate::Parse(py::handle structure) {
+  Node node;
+  if (py::isinstance<py::int_>(structure)) {
+    node.leaf = structure.cast<int>();
+  } else if (py::isinstance<py::dict>(structure)) {
+    node.is_dict = true;
+    for (const auto& item : py::reinterpret_borrow<py::dict>(structure)) {
+      node.keys.push_back(py::reinterpret_borrow<py::object>(item.first));
+      node.children.push_back(Parse(item.second));
+    }
+  } else {
+    for (const auto& child : py::reinterpret_borrow<py::tuple>(structure)) {
+      node.children.push_back(Parse(child));
+    }
+  }
+  return node;
+}
+
+bool SpecTemplate::Match(py::handle value,
+                         std::vector<py::array>* arrays) const {
+  arrays->assign(leaves_.size(), py::array());
+  return Walk(value, root_, arrays);
+}
+
+bool SpecTemplate::Walk(py::handle value, const Node& node,
+                        std::vector<py::array>* arrays) const {
+  PyObject* v = value.ptr();
+  if (node.leaf >= 0) {
+    const auto& api = py::detail::npy_api::get();
+    if (!api.PyArray_Check_(v)) return false;
+    auto array = py::reinterpret_borrow<py::array>(value);
+    const Leaf& leaf = leaves_[node.leaf];
+    if (!api.PyArray_EquivTypes_(py::detail::array_proxy(v)->descr,
+                                 leaf.dtype.ptr())) {
+      return false;
+    }
+    if (leaf.rank >= 0) {
+      if (array.ndim() != leaf.rank) return false;
+      for (int d = 0; d < leaf.rank; ++d) {
+        if (leaf.shape[d] >= 0 && leaf.shape[d] != array.shape(d)) {
+          return false;
+        }
+      }
+    }
+    if (!(array.flags() & py::array::c_style)) return false;
+    if (reinterpret_cast<uintptr_t>(array.data()) % alignment_) return false;
+    (*arrays)[node.leaf] = std::move(array);
+    return true;
+  }
+  if (node.is_dict) {
+    if (!PyDict_Check(v) ||
+        static_cast<size_t>(PyDict_Size(v)) != node.keys.size()) {
+      return false;
+    }
+    for (size_t i = 0; i < node.keys.size(); ++i) {
+      PyObject* child = PyDict_GetItemWithError(v, node.keys[i].ptr());
+      if (child == nullptr) {
+        PyErr_Clear();  // A missing or unhashable key: not this spec.
+        return false;
+      }
+      if (!Walk(child, node.children[i], arrays)) return false;
+    }
+    return true;
+  }
+  if (!PyTuple_Check(v) && !PyList_Check(v)) return false;
+  if (static_cast<size_t>(PySequence_Fast_GET_SIZE(v)) !=
+      node.children.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < node.children.size(); ++i) {
+    if (!Walk(PySequence_Fast_GET_ITEM(v, i), node.children[i], arrays)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+Batch SpecTemplate::MakeBatch(const std::vector<py::array>& arrays,
+                              uint64_t id, int64_t* nbytes) const {
+  Batch batch;
+  batch.token = std::make_shared<ReleaseToken>(ReleaseQueue::Global(), id);
+  batch.arrays.reserve(arrays.size());
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    const py::array& a = arrays[i];
+    ArrayRef ref;
+    ref.data = a.data();
+    ref.nbytes = static_cast<size_t>(a.nbytes());
+    ref.dtype = leaves_[i].tf_dtype;
+    ref.shape.assign(a.shape(), a.shape() + a.ndim());
+    *nbytes += static_cast<int64_t>(ref.nbytes);
+    batch.arrays.push_back(std::move(ref));
+  }
+  return batch;
+}
+
+WindowResult PushWindow(Channel& channel, const py::list& values,
+                        size_t start, const SpecTemplate& spec) {
+  WindowResult result;
+  std::vector<Batch> batches;
+  std::vector<py::array> arrays;
+  for (size_t i = start; i < values.size(); ++i) {
+    py::handle value = PyList_GET_ITEM(values.ptr(), i);
+    if (!spec.Match(value, &arrays)) break;
+    batches.push_back(
+        spec.MakeBatch(arrays, NativePins::Global().Pin(value), &result.bytes));
+  }
+  arrays.clear();  // Its references are dropped here, under the GIL.
+  result.taken = batches.size();
+  py::gil_scoped_release release;
+  for (auto& batch : batches) {
+    if (channel.Push(std::move(batch), /*timeout_s=*/-1) !=
+        Channel::PushResult::kOk) {
+      break;
+    }
+    ++result.pushed;
+  }
+  // Batches not pushed (the consumer cancelled) post their tokens here,
+  // GIL-free; the release thread unpins them.
+  batches.clear();
+  return result;
+}
+
+}  // namespace tfray
