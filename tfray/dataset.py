@@ -136,7 +136,8 @@ class Dataset(dataset_ops.DatasetSource):
             max_inflight: batches resolved ahead of the consumer, per
                 iterator (pinned in the object store until TensorFlow is done
                 with them). None (the default) adapts it: it starts at 2 and
-                doubles whenever TensorFlow had to wait for input, up to 64.
+                doubles whenever TensorFlow had to wait for input, up to 4096
+                (within ``max_inflight_bytes``).
             max_inflight_bytes: with ``max_inflight=None``, the object-store
                 bytes the batches resolved ahead may pin (they are counted
                 twice: in resolution and queued). None: a quarter of the

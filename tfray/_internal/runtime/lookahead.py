@@ -10,7 +10,9 @@ so short epochs do not each start small again.
 """
 
 START = 2
-CAP = 64
+# In batches: small ones travel in windows of thousands (one ray.get, one
+# native push each); the memory budget bounds big ones.
+CAP = 4096
 # Waiting less than this between two checks is noise, not input-boundness.
 _WAIT_S = 0.001
 

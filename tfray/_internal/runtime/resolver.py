@@ -47,7 +47,7 @@ class RefResolver:
     def _ready_prefix(self, timeout):
         # One call when the window is resolved (the common case); every Ray
         # call releases and retakes the GIL, slow when it is contended.
-        unique = list(dict.fromkeys(ref for _, ref in self._window))
+        unique = list(dict.fromkeys([ref for _, ref in self._window]))
         done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
         head = self._window[0][1]
         if head not in set(done):

@@ -1,0 +1,48 @@
+"""tfray's Python in the trainer runs per window of batches, not per batch.
+
+A profiler on every thread tfray starts counts the calls into tfray's own
+modules over an epoch (tests/python_calls.py, in a process of its own so
+that it sees the threads start). Were any of tfray's Python to run per batch
+(a spec check, a pin, an entry built per batch), the calls would grow with
+the batches; they grow with the windows. Ray's own calls (its
+deserialization in ray.get, per object) are reported beside them.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "python_calls.py")
+# Per window: the resolver's and the feeder's few calls, one native push.
+CALLS_PER_WINDOW = 20
+
+
+def count(batches, window, rows):
+    out = subprocess.run(
+        [sys.executable, SCRIPT, str(batches), str(window), str(rows)],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "rows, where", [(16, "inline (16 KB, in this process's heap)"), (256, "in the object store (256 KB)")]
+)
+def test_tfray_python_runs_per_window_not_per_batch(rows, where):
+    got = count(batches=3200, window=256, rows=rows)
+    print(
+        f"{where}: {got['batches']} batches in {got['windows']} windows; calls into "
+        f"tfray {got['tfray']} ({got['tfray'] / got['batches']:.3f} a batch), into Ray "
+        f"{got['ray']} ({got['ray'] / got['batches']:.1f} a batch)"
+    )
+    assert got["batches"] == 3200 and got["copied"] == 0  # Every batch took the native path.
+    assert got["windows"] < got["batches"] / 8, got  # Windows of many batches.
+    assert got["tfray"] <= CALLS_PER_WINDOW * got["windows"] + 20, got
