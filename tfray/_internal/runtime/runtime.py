@@ -6,6 +6,9 @@
 - the release thread (Pins): drops a batch's pin once TF has freed it;
 - the lease heartbeat (Heartbeat): keeps dynamic sharding's leases.
 
+It also keeps the Ray actors a process needs once per Ray session (the
+producers' stop board): an actor lives while a handle to it does.
+
 It starts with the first dataset and stops at exit, before Python finalizes:
 a daemon thread that retakes the GIL during finalization unwinds through
 C++ and aborts the process, so every thread leaves its native waits first.
@@ -15,7 +18,7 @@ import atexit
 import functools
 import threading
 
-from tfray._internal.runtime import native
+from tfray._internal.runtime import native, ray_errors
 from tfray._internal.runtime.feeder import FeederPool
 from tfray._internal.runtime.heartbeat import Heartbeat
 from tfray._internal.runtime.pins import Pins
@@ -33,6 +36,17 @@ class Runtime:
         self.feeders = FeederPool()
         self.registry = Registry(lib, self.feeders, self.pins)
         self.heartbeat = Heartbeat()
+        self._actors_lock = threading.Lock()
+        self._actors = {}  # name -> (Ray session, handle); guarded by _actors_lock.
+
+    def session_actor(self, name, make):
+        """The actor ``make()`` made in this Ray session, made on first use."""
+        session = ray_errors.session()
+        with self._actors_lock:
+            made = self._actors.get(name)
+            if made is None or made[0] != session:
+                made = self._actors[name] = (session, make())
+            return made[1]
 
     def start(self):
         self.pins.start()

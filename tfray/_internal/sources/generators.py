@@ -74,6 +74,8 @@ def with_backpressure(remote_fn, options, max_inflight_per_producer):
 # How _next_ready's polls back off.
 _FIRST_PAUSE_S = 0.0005
 _LAST_PAUSE_S = 0.01
+# How long close() reads what stopping producers still make.
+_DRAIN_S = 2.0
 
 
 def _check_ray():
@@ -203,14 +205,31 @@ class GeneratorShards:
     def close(self):
         """Stops the running producers: asked on the stop board, never ``ray.cancel``-ed.
 
-        Dropping the generators lets producers paused by backpressure
-        resume, so they see the stop; see stops.py for why not a cancel.
+        Reads and drops what they have ready, for a while, so that a producer
+        paused by backpressure resumes and sees the stop (see stops.py);
+        one still running after that returns at its next batch.
         """
-        if self._running:
-            stops.stop(self._board, self._token)
+        running = [g for _, g in self._running]
         self._running = []
         self._next_shard = len(self._shards)
         self.done = True
+        if not running or not ray_errors.ray_running():  # Gone with Ray already.
+            return
+        stops.stop(self._board, self._token)
+        deadline = time.monotonic() + _DRAIN_S
+        while running and time.monotonic() < deadline and ray_errors.ray_running():
+            # Polls (see _next_ready): a wait that ray.shutdown() overtakes
+            # ends the process.
+            ready, _ = ray_api.wait(running, num_returns=len(running), timeout=0)
+            if not ready:
+                time.sleep(_LAST_PAUSE_S)
+            for generator in ready:
+                try:
+                    next(generator)
+                except StopIteration:  # It returned.
+                    running.remove(generator)
+                except ray.exceptions.RayError:  # It failed: it is not running either.
+                    running.remove(generator)
 
     def _start_next(self):
         shard = self._next_shard

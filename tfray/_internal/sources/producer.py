@@ -7,9 +7,12 @@ TensorFlow.
 
 import time
 
-# How often a producer asks whether it was stopped (see stops.py); a producer
-# resumed by a dropped epoch asks at once (its pause was longer than this).
+# How often a running producer asks whether it was stopped (see stops.py).
 _STOP_CHECK_S = 0.05
+# A yield that took longer than this was a pause (Ray's backpressure): the
+# producer asks at once when it resumes, which is when a stopping trainer
+# resumes it.
+_PAUSE_S = 0.002
 
 
 class _StopCheck:
@@ -22,11 +25,11 @@ class _StopCheck:
         self._reply = board.wait.remote(token)
         self._next = time.monotonic() + _STOP_CHECK_S
 
-    def requested(self):
+    def requested(self, paused=False):
         if self._reply is None:
             return False
         now = time.monotonic()
-        if now < self._next:
+        if now < self._next and not paused:
             return False
         self._next = now + _STOP_CHECK_S
         ready, _ = self._ray.wait([self._reply], timeout=0, fetch_local=False)
@@ -53,8 +56,9 @@ def run_shard(fn, shard, board, token):
     stop = _StopCheck(board, token)
     try:
         for batch in batches:
+            before = time.monotonic()
             yield batch
-            if stop.requested():
+            if stop.requested(paused=time.monotonic() - before > _PAUSE_S):
                 return
     finally:
         close = getattr(batches, "close", None)

@@ -8,12 +8,13 @@ and spec learning all stop producers that may be completing, so tfray never
 cancels one. Instead:
 
 1. the trainer posts the epoch's token on its stop board, a Ray actor
-   (``num_cpus=0``, one per trainer process, found by name so that a new
-   Ray session gets a new one);
-2. it drops the epoch's generators: Ray then answers the reports a producer
-   paused by backpressure waits on, so the producer resumes;
-3. each producer checks its token between batches (producer.py) and returns,
-   and its task completes as any other.
+   (``num_cpus=0``, one per trainer process and Ray session, kept by the
+   runtime), and waits for the board to have it;
+2. it reads and drops what each producer has ready, which resumes a
+   producer paused by backpressure (dropping the generator alone resumes it
+   only once Ray gets to delete the stream, a second or more later);
+3. each producer checks its token as it resumes, and between batches
+   (producer.py), and returns: its task completes as any other.
 """
 
 import asyncio
@@ -24,13 +25,12 @@ import uuid
 import ray
 from ray import cloudpickle
 
-from tfray._internal.runtime import ray_api
+from tfray._internal.runtime import ray_api, runtime
 
 # By value, like the producers (generators.py): by reference, the actor's
 # process would import tfray, and with it TensorFlow.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-NAMESPACE = "tfray"
 # Stopped tokens remembered for producers whose wait arrives after the stop.
 _TOKENS_KEPT = 100_000
 
@@ -59,14 +59,12 @@ class StopBoard:
 
 def board():
     """This process's stop board in the current Ray session, made on first use."""
-    worker = ray_api.get_runtime_context().get_worker_id()
-    return StopBoard.options(
-        name=f"stops-{worker}",
-        namespace=NAMESPACE,
-        get_if_exists=True,
-        # Every running producer parks one wait() call here.
-        max_concurrency=100_000,
-    ).remote()
+    return runtime.get().session_actor("stop board", _make_board)
+
+
+def _make_board():
+    # Every running producer parks one wait() call here.
+    return StopBoard.options(max_concurrency=100_000).remote()
 
 
 def new_token():
@@ -74,6 +72,5 @@ def new_token():
 
 
 def stop(handle, token):
-    """Asks the producers waiting on ``token`` to return (does not wait)."""
-    if ray.is_initialized():  # After ray.shutdown() the producers are gone already.
-        handle.stop.remote(token)
+    """Posts ``token`` as stopped; returns once the board has it."""
+    ray_api.get(handle.stop.remote(token))
