@@ -27,6 +27,20 @@ def counting(batches, rows=2):
     return gen
 
 
+def endless_noting_its_end(closed, width):
+    """A generator function that never ends by itself; each producer that returns writes an "x" to ``closed``."""
+
+    def endless(shard):
+        try:
+            while True:
+                yield np.zeros(width, np.int64)
+        finally:
+            with open(closed, "a") as f:
+                f.write("x")
+
+    return endless
+
+
 def ids(ds):
     return [int(b["x"][0, 0]) for b in ds]
 
@@ -247,15 +261,7 @@ def test_dropping_an_iterator_stops_its_producers_and_frees_the_store(tmp_path, 
 def test_an_epoch_that_stops_early_stops_its_producers(tmp_path):
     """take(n) over endless producers, epoch after epoch: each epoch's producers return."""
     closed = tmp_path / "closed"
-
-    def endless(shard):
-        try:
-            while True:
-                yield np.zeros(4, np.int64)
-        finally:
-            with open(closed, "a") as f:
-                f.write("x")
-
+    endless = endless_noting_its_end(closed, 4)
     ds = tfray.Dataset.from_generators(endless, 2, element_spec=tf.TensorSpec([4], tf.int64))
     for epoch in range(1, 4):
         assert len(list(ds.take(3))) == 3
@@ -303,15 +309,7 @@ def test_an_unread_learning_epoch_is_stopped_with_its_dataset(tmp_path):
     import gc
 
     closed = tmp_path / "closed"
-
-    def endless(shard):
-        try:
-            while True:
-                yield np.zeros(2, np.int64)
-        finally:
-            with open(closed, "a") as f:
-                f.write("x")
-
+    endless = endless_noting_its_end(closed, 2)
     ds = tfray.Dataset.from_generators(endless, 2)  # Learns the spec: producers run.
     assert ds.element_spec.shape.as_list() == [None]
     del ds

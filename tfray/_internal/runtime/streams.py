@@ -54,5 +54,15 @@ class Wrapped:
     def __getattr__(self, name):
         return getattr(self._stream, name)
 
+    # Set on the wrapped stream, as it is read from it (a generator stream's
+    # interleaving, set before its first take).
+    @property
+    def deterministic(self):
+        return self._stream.deterministic
+
+    @deterministic.setter
+    def deterministic(self, value):
+        self._stream.deterministic = value
+
     def close(self):
         self._stream.close()

@@ -298,14 +298,6 @@ class _Begun(Wrapped):
         self._taken = list(taken)
 
     @property
-    def deterministic(self):
-        return self._stream.deterministic
-
-    @deterministic.setter
-    def deterministic(self, value):
-        self._stream.deterministic = value
-
-    @property
     def done(self):
         return not self._taken and self._stream.done
 

@@ -22,14 +22,6 @@ class SkippedRefs(Wrapped):
         super().__init__(stream)
         self._skip = skip
 
-    @property
-    def deterministic(self):
-        return self._stream.deterministic
-
-    @deterministic.setter
-    def deterministic(self, value):
-        self._stream.deterministic = value
-
     def take(self, n, timeout):
         while self._skip:
             dropped = self._stream.take(self._skip, timeout)
