@@ -1,5 +1,6 @@
 // Python end of the channel and registry: thin glue over channel.h. Every
 // call that can wait releases the GIL first.
+#include <dlfcn.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -90,7 +91,15 @@ PYBIND11_MODULE(_native, m) {
       .def_readonly("channel", &Request::channel)
       .def_readonly("deterministic", &Request::deterministic)
       .def_readonly("skip", &Request::skip)
-      .def_readonly("offered", &Request::offered);
+      .def_readonly("offered", &Request::offered)
+      .def_readonly("replayed", &Request::replayed);
+
+  py::class_<tfray::Recording, std::shared_ptr<tfray::Recording>>(
+      m, "Recording",
+      "The batches of an epoch as push_window pushed them (channel.h).")
+      .def(py::init<>())
+      .def_property_readonly("size", &tfray::Recording::size)
+      .def_property_readonly("bytes", &tfray::Recording::bytes);
 
   py::class_<Channel, std::shared_ptr<Channel>>(m, "Channel")
       .def(py::init<size_t>(), py::arg("capacity"))
@@ -147,13 +156,15 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "push_window",
           [](Channel& self, const py::list& values, size_t start,
-             const tfray::SpecTemplate& spec) {
-            auto r = tfray::PushWindow(self, values, start, spec);
+             const tfray::SpecTemplate& spec, tfray::Recording* recording) {
+            auto r = tfray::PushWindow(self, values, start, spec, recording);
             return py::make_tuple(r.taken, r.pushed, r.bytes);
           },
           py::arg("values"), py::arg("start"), py::arg("spec"),
+          py::arg("recording") = nullptr,
           "Pushes values[start:] while they match `spec` as they are, in "
-          "one call (window.h); returns (taken, pushed, bytes).")
+          "one call (window.h); returns (taken, pushed, bytes). "
+          "`recording`, if given, keeps the batches taken.")
       .def_property_readonly("cancelled", &Channel::cancelled)
       .def_property_readonly("items_taken", &Channel::items_taken,
                              "Batches and errors TF has taken, in push order.")
@@ -193,6 +204,43 @@ PYBIND11_MODULE(_native, m) {
       py::arg("key"), py::arg("channel"),
       "Offers a channel a feeder fills with the next epoch of source `key` "
       "to its next iterator. False if the source is gone or has an offer.");
+  m.def(
+      "set_replay",
+      [](int64_t key, tfray::Recording& recording) {
+        return tfray::SourceRegistry::Global().SetReplay(key,
+                                                         recording.Take());
+      },
+      py::arg("key"), py::arg("recording"),
+      "Serves every later epoch of source `key` natively from `recording` "
+      "(a whole epoch; emptied). False if the source is gone.");
+  m.def(
+      "has_replay",
+      [](int64_t key) { return tfray::SourceRegistry::Global().HasReplay(key); },
+      py::arg("key"));
+  m.def(
+      "replayed_batches",
+      [] { return tfray::SourceRegistry::Global().ReplayedBatches(); },
+      "The batches replays keep pinned, in all.");
+  m.def(
+      "watch_ray_session",
+      [](const std::string& raylet_path) {
+        // Ray's core worker says whether it is up: a static function its
+        // extension exports, callable from any thread without the GIL.
+        void* raylet = dlopen(raylet_path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+        if (raylet == nullptr) return false;
+        auto alive = reinterpret_cast<bool (*)()>(
+            dlsym(raylet, "_ZN3ray4core17CoreWorkerProcess13IsInitializedEv"));
+        if (alive == nullptr) return false;
+        tfray::SourceRegistry::Global().SetSessionProbe(alive);
+        return true;
+      },
+      py::arg("raylet_path"),
+      "Lets replays ask Ray's core worker (in the extension at raylet_path, "
+      "loaded already) whether the session is up; False if it cannot be "
+      "found, and then no replay serves.");
+  m.def(
+      "end_session", [] { tfray::SourceRegistry::Global().EndSession(); },
+      "Ray shut down: drops every replay and offer.");
   py::class_<tfray::SpecTemplate>(m, "SpecTemplate",
                                   "An element spec as push_window matches it.")
       .def(py::init<py::handle, const py::list&, size_t>(),

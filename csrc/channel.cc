@@ -146,6 +146,22 @@ void Channel::Cancel() {
   not_full_.notify_all();
 }
 
+void Channel::Preload(const std::vector<Batch>& batches, size_t start) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = start; i < batches.size(); ++i) {
+      Item item;
+      item.batch = batches[i];
+      for (const ArrayRef& a : item.batch.arrays) item.bytes += a.nbytes;
+      ++stats_.batches_pushed;
+      stats_.bytes_pushed += item.bytes;
+      items_.push_back(std::move(item));
+    }
+    closed_ = true;
+  }
+  not_empty_.notify_all();
+}
+
 size_t Channel::capacity() const {
   std::lock_guard<std::mutex> lock(mu_);
   return capacity_;
@@ -188,6 +204,28 @@ ChannelStats Channel::Stats() const {
   return s;
 }
 
+void Recording::Add(const Batch& batch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const ArrayRef& a : batch.arrays) bytes_ += a.nbytes;
+  batches_.push_back(batch);
+}
+
+size_t Recording::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return batches_.size();
+}
+
+int64_t Recording::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
+}
+
+std::vector<Batch> Recording::Take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  bytes_ = 0;
+  return std::move(batches_);
+}
+
 SourceRegistry& SourceRegistry::Global() {
   static auto* registry = new SourceRegistry;  // Leaked, like the queue.
   return *registry;
@@ -200,6 +238,7 @@ void SourceRegistry::Register(int64_t key, SourceInfo info) {
 
 void SourceRegistry::Unregister(int64_t key) {
   std::shared_ptr<Channel> offered;
+  std::shared_ptr<const std::vector<Batch>> replay;  // Released outside the lock.
   {
     std::lock_guard<std::mutex> lock(mu_);
     sources_.erase(key);
@@ -207,6 +246,11 @@ void SourceRegistry::Unregister(int64_t key) {
     if (it != offered_.end()) {
       offered = std::move(it->second);
       offered_.erase(it);
+    }
+    auto r = replays_.find(key);
+    if (r != replays_.end()) {
+      replay = std::move(r->second);
+      replays_.erase(r);
     }
   }
   if (offered) offered->Cancel();  // Stops its feeder; no iterator will read it.
@@ -222,6 +266,29 @@ bool SourceRegistry::Lookup(int64_t key, SourceInfo* info) const {
 
 bool SourceRegistry::RequestEpoch(Request request,
                                   std::shared_ptr<Channel>* reads) {
+  std::shared_ptr<const std::vector<Batch>> replay;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sources_.count(request.key) == 0) return false;
+    auto r = replays_.find(request.key);
+    if (r != replays_.end() && request.skip >= 0 &&
+        static_cast<size_t>(request.skip) <= r->second->size()) {
+      replay = r->second;
+    }
+  }
+  bool (*alive)() = session_alive_.load();
+  if (replay && (alive == nullptr || !alive())) replay = nullptr;
+  request.replayed = replay != nullptr;
+  if (replay) {  // Outside the lock: copying the batches takes a while.
+    request.channel->Preload(*replay, static_cast<size_t>(request.skip));
+    if (reads != nullptr) *reads = request.channel;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      requests_.push_back(std::move(request));
+    }
+    cv_.notify_all();
+    return true;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (sources_.count(request.key) == 0) return false;
@@ -241,9 +308,58 @@ bool SourceRegistry::RequestEpoch(Request request,
 
 bool SourceRegistry::OfferEpoch(int64_t key, std::shared_ptr<Channel> channel) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (sources_.count(key) == 0 || offered_.count(key) != 0) return false;
+  if (sources_.count(key) == 0 || offered_.count(key) != 0 ||
+      replays_.count(key) != 0) {
+    return false;
+  }
   offered_[key] = std::move(channel);
   return true;
+}
+
+bool SourceRegistry::SetReplay(int64_t key, std::vector<Batch> batches) {
+  auto replay =
+      std::make_shared<const std::vector<Batch>>(std::move(batches));
+  std::shared_ptr<Channel> offered;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sources_.count(key) == 0) return false;
+    replays_[key] = std::move(replay);
+    auto it = offered_.find(key);
+    if (it != offered_.end()) {
+      offered = std::move(it->second);
+      offered_.erase(it);
+    }
+  }
+  if (offered) offered->Cancel();
+  return true;
+}
+
+bool SourceRegistry::HasReplay(int64_t key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return replays_.count(key) != 0;
+}
+
+size_t SourceRegistry::ReplayedBatches() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& entry : replays_) n += entry.second->size();
+  return n;
+}
+
+void SourceRegistry::SetSessionProbe(bool (*alive)()) {
+  session_alive_.store(alive);
+}
+
+void SourceRegistry::EndSession() {
+  std::unordered_map<int64_t, std::shared_ptr<Channel>> offered;
+  std::unordered_map<int64_t, std::shared_ptr<const std::vector<Batch>>>
+      replays;  // Released outside the lock.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    offered.swap(offered_);
+    replays.swap(replays_);
+  }
+  for (auto& entry : offered) entry.second->Cancel();
 }
 
 std::vector<SourceRegistry::Request> SourceRegistry::WaitRequests(

@@ -127,6 +127,11 @@ class Channel {
   // Wakes both sides and drops queued batches (releasing their tokens).
   void Cancel();
 
+  // Queues copies of batches[start:] whatever the capacity, then closes:
+  // an epoch already in memory (SourceRegistry::SetReplay). Nothing may be
+  // pushed before or after.
+  void Preload(const std::vector<Batch>& batches, size_t start);
+
   bool cancelled() const;
   // Items (batches and errors) the consumer has popped, in the order they
   // were pushed: what TensorFlow has taken of the epoch.
@@ -166,12 +171,33 @@ class Channel {
   ChannelStats stats_;      // Guarded by mu_.
 };
 
+// The batches of one epoch as they were pushed, kept so that later epochs
+// can be served from them (SourceRegistry::SetReplay). A kept batch keeps
+// its token, so its memory stays valid and pinned while the recording, a
+// replay or a tensor holds it.
+class Recording {
+ public:
+  void Add(const Batch& batch);
+  size_t size() const;
+  int64_t bytes() const;
+  // Moves the batches out; the recording is empty after.
+  std::vector<Batch> Take();
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Batch> batches_;  // Guarded by mu_.
+  int64_t bytes_ = 0;           // Guarded by mu_.
+};
+
 // Maps a source key (what the dataset graph serializes) to the requests for
 // new epochs. A TF iterator asks for an epoch by handing over a fresh channel;
 // the Python dispatcher takes the request and starts a feeder on it. For a
 // source that replays the same batches every epoch, the dispatcher may offer
 // a channel a feeder is already filling with the next epoch: the next
-// iterator takes it at once, with no Python on its path.
+// iterator takes it at once, with no Python on its path. A source whose
+// whole epoch stays pinned within its bounds may go further: the dispatcher
+// sets a replay, the batches of a recorded epoch, and every later iterator
+// is served from it here, natively (no feeder, no Ray call, no GIL).
 class SourceRegistry {
  public:
   static SourceRegistry& Global();
@@ -197,14 +223,33 @@ class SourceRegistry {
     // Set on the notice the dispatcher gets when an iterator took an
     // offered channel (`channel`); no new feeder is wanted for it.
     bool offered = false;
+    // Set on the notice the dispatcher gets when the iterator was served
+    // from the source's replay: nothing to start, only to count.
+    bool replayed = false;
   };
   // Returns false if `key` is not registered. Otherwise `*reads` (if given)
-  // is the channel the iterator reads: an offered one when there is one and
-  // nothing is to be skipped, else `request.channel`.
+  // is the channel the iterator reads: `request.channel`, preloaded and
+  // closed if the source has a replay; else an offered one when there is
+  // one and nothing is to be skipped; else `request.channel`, for the
+  // dispatcher to start a feeder on.
   bool RequestEpoch(Request request, std::shared_ptr<Channel>* reads = nullptr);
   // Offers `channel` to the next iterator of `key`. False (and nothing kept)
   // if `key` is not registered or already has an offer.
   bool OfferEpoch(int64_t key, std::shared_ptr<Channel> channel);
+  // Serves every later epoch of `key` from `batches` (a whole epoch, in
+  // order) until Unregister or EndSession, and withdraws its offer. False
+  // (and nothing kept) if `key` is not registered.
+  bool SetReplay(int64_t key, std::vector<Batch> batches);
+  bool HasReplay(int64_t key) const;
+  // The batches every replay keeps, in all: pinned by design, not leaked.
+  size_t ReplayedBatches() const;
+  // Ray shut down: drops every replay and offer, so that each new epoch
+  // goes to the dispatcher, which reports the shutdown.
+  void EndSession();
+  // `alive()` says whether this process's Ray session is up; asked (without
+  // the GIL) before a replay serves an epoch, so that none is served once
+  // ray.shutdown() began. Without one, no replay serves.
+  void SetSessionProbe(bool (*alive)());
   // Waits up to `timeout_s` for requests and returns all pending ones.
   std::vector<Request> WaitRequests(double timeout_s);
 
@@ -215,6 +260,9 @@ class SourceRegistry {
   std::vector<Request> requests_;                     // Guarded by mu_.
   std::unordered_map<int64_t, std::shared_ptr<Channel>>
       offered_;  // Guarded by mu_.
+  std::unordered_map<int64_t, std::shared_ptr<const std::vector<Batch>>>
+      replays_;  // Guarded by mu_.
+  std::atomic<bool (*)()> session_alive_{nullptr};
 };
 
 }  // namespace tfray

@@ -165,7 +165,8 @@ Batch SpecTemplate::MakeBatch(const std::vector<py::array>& arrays,
 }
 
 WindowResult PushWindow(Channel& channel, const py::list& values,
-                        size_t start, const SpecTemplate& spec) {
+                        size_t start, const SpecTemplate& spec,
+                        Recording* recording) {
   WindowResult result;
   std::vector<Batch> batches;
   std::vector<py::array> arrays;
@@ -174,6 +175,7 @@ WindowResult PushWindow(Channel& channel, const py::list& values,
     if (!spec.Match(value, &arrays)) break;
     batches.push_back(
         spec.MakeBatch(arrays, NativePins::Global().Pin(value), &result.bytes));
+    if (recording != nullptr) recording->Add(batches.back());
   }
   arrays.clear();  // Its references are dropped here, under the GIL.
   result.taken = batches.size();

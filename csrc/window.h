@@ -94,9 +94,11 @@ struct WindowResult {
 };
 
 // Under the GIL (released while pushing): takes values[start], values[start
-// + 1], ... while they match `spec` as they are, and pushes them in order.
+// + 1], ... while they match `spec` as they are, and pushes them in order;
+// `recording` (if given) keeps each batch taken.
 WindowResult PushWindow(Channel& channel, const pybind11::list& values,
-                        size_t start, const SpecTemplate& spec);
+                        size_t start, const SpecTemplate& spec,
+                        Recording* recording = nullptr);
 
 }  // namespace tfray
 

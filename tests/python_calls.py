@@ -19,7 +19,10 @@ import tfray
 
 TFRAY = os.path.dirname(tfray.__file__)
 RAY = os.path.dirname(ray.__file__)
-counts = {"tfray": 0, "ray": 0, "windows": 0}
+# tfray: calls into tfray's modules, but for a poll's own (polls: per
+# wait, however long Ray takes); rounds: the feeder's turns (next_ready),
+# windows: those that pushed batches (_deliver).
+counts = {"tfray": 0, "polls": 0, "rounds": 0, "windows": 0, "ray": 0}
 
 
 def profile(frame, event, arg):
@@ -27,9 +30,16 @@ def profile(frame, event, arg):
         return
     filename = frame.f_code.co_filename
     if filename.startswith(TFRAY):
+        caller = frame.f_back
+        if caller is not None and caller.f_code.co_name == "poll" and caller.f_code.co_filename.startswith(TFRAY):
+            counts["polls"] += 1
+            return
         counts["tfray"] += 1
-        if frame.f_code.co_name == "_deliver":
+        name = frame.f_code.co_name
+        if name == "_deliver":
             counts["windows"] += 1
+        elif name == "next_ready":
+            counts["rounds"] += 1
     elif filename.startswith(RAY):
         counts["ray"] += 1
 

@@ -4,7 +4,8 @@ The test holds the GIL in the main thread for several seconds (a C call made
 through ctypes.PyDLL keeps it) while a graph-mode consumer, started just
 before, drains batches already resolved into the channel: GetNext, tensor
 release, and a new iterator's creation, first GetNext (of an epoch offered
-ahead) and destruction all happen inside the hold, and so does the
+ahead) and destruction all happen inside the hold, as do whole epochs of a
+list replayed natively (each a new iterator, as `repeat` makes), and so does the
 cancellation of a GetNext blocked on an empty channel (a prefetch's
 background read of a source whose only batch never resolves, cancelled by
 deleting the prefetch iterator). If any of them needed the GIL, the
@@ -22,6 +23,7 @@ import tensorflow as tf
 
 import tfray
 from conftest import wait_until, without_prefetch
+from tfray._internal.runtime import native
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
@@ -29,6 +31,7 @@ N = 24
 SIDE = 512  # One 512x512 float32 batch (1 MB) per step.
 HOLD_S = 8.0
 WORK = 4  # Matmuls per batch.
+REPLAYED, REPLAYED_EPOCHS = 3, 4
 
 
 def hold_gil(seconds):
@@ -44,11 +47,19 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
     first = next(iterator)  # Asks for the epoch, outside the hold.
     wait_until(lambda: ds.stats()[-1].queued == N - 1)  # The rest is resolved.
     # A source read twice has its next epoch started ahead and offered to
-    # its next iterator (internal state, read only to know it is ready).
-    other = tfray.Dataset(refs[:1], max_inflight=1)
+    # its next iterator (internal state, read only to know it is ready);
+    # with max_inflight=1 its epoch of 2 is more than it may keep to replay.
+    other = tfray.Dataset(refs[:2], max_inflight=1)
     for _ in range(2):
-        assert len(list(other)) == 1
+        assert len(list(other)) == 2
     wait_until(lambda: other._source._offered is not None and other._source._offered.channel.stats()["queued"] == 1)
+    other_epoch = without_prefetch(other)  # Reads no batch ahead of the one GetNext.
+    # A list read twice whose epoch fits its look-ahead is replayed.
+    replayed = tfray.Dataset(refs[:REPLAYED])
+    for _ in range(2):
+        assert len(list(replayed)) == REPLAYED
+    wait_until(lambda: native.load().lib.has_replay(replayed._key))
+    replayed_epochs = without_prefetch(replayed).repeat(REPLAYED_EPOCHS)
     # A source whose only batch never resolves: its GetNext blocks on an
     # empty channel until it is cancelled.
     never = _never_ready.remote()
@@ -77,7 +88,7 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
             handle, deleter = tf.raw_ops.AnonymousIteratorV2(
                 output_types=[tf.float32], output_shapes=[[None, SIDE]]
             )
-            made = tf.raw_ops.MakeIterator(dataset=other._variant_tensor, iterator=handle)
+            made = tf.raw_ops.MakeIterator(dataset=other_epoch._variant_tensor, iterator=handle)
         with tf.control_dependencies([made]):
             (batch,) = tf.raw_ops.IteratorGetNext(
                 iterator=handle, output_types=[tf.float32], output_shapes=[[None, SIDE]]
@@ -86,11 +97,24 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
         # anything that depends on this sum runs.
         total += tf.reduce_sum(batch)
         with tf.control_dependencies([total]):
+            # Whole epochs of the replayed list, a new tfray iterator each.
+            replay_handle, replay_deleter = tf.raw_ops.AnonymousIteratorV2(
+                output_types=[tf.float32], output_shapes=[[None, SIDE]]
+            )
+            replay_made = tf.raw_ops.MakeIterator(dataset=replayed_epochs._variant_tensor, iterator=replay_handle)
+        with tf.control_dependencies([replay_made]):
+            for _ in tf.range(REPLAYED * REPLAYED_EPOCHS):
+                (b,) = tf.raw_ops.IteratorGetNext(
+                    iterator=replay_handle, output_types=[tf.float32], output_shapes=[[None, SIDE]]
+                )
+                total += tf.reduce_sum(b) / SIDE**2
+        with tf.control_dependencies([total]):
+            replay_deleted = tf.raw_ops.DeleteIterator(handle=replay_handle, deleter=replay_deleter)
             deleted = tf.raw_ops.DeleteIterator(handle=handle, deleter=deleter)
             # Cancels the blocked GetNext: the prefetch iterator's destruction
             # cancels its reader and joins its thread.
             unblocked = tf.raw_ops.DeleteIterator(handle=blocked_handle, deleter=blocked_deleter)
-        with tf.control_dependencies([deleted, unblocked]):
+        with tf.control_dependencies([deleted, replay_deleted, unblocked]):
             return tf.identity(total), tf.timestamp()
 
     concrete = consume.get_concrete_function(iterator)  # Trace outside the hold.
@@ -112,8 +136,9 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
     assert not consumer.is_alive()
     total, finished_at = (t.numpy() for t in result["out"])
     # Batch i is all i, so each matmul's sum over SIDE**3 is i * i; the
-    # other dataset's batch is all 0.
-    assert total == pytest.approx(WORK * sum(i * i for i in range(N)), rel=1e-5)
+    # other dataset's batch is all 0; the replayed epochs add i each.
+    replayed_sum = REPLAYED_EPOCHS * sum(range(REPLAYED))
+    assert total == pytest.approx(WORK * sum(i * i for i in range(N)) + replayed_sum, rel=1e-5)
     assert consumed_before < N, "inconclusive: the drain ended before the hold"
     assert blocked_before == (1, 0), "inconclusive: the blocked GetNext was not waiting when the hold began"
     assert start < finished_at < end, (
@@ -123,6 +148,9 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
     # The iterator made inside the hold read the offered epoch, and was dropped.
     assert len(other.stats()) == 3 and other.stats()[-1].batches == 1
     assert other.stats()[-1].cancelled
+    # The replayed epochs were served natively (the dispatcher counts them after).
+    wait_until(lambda: len(replayed.stats()) == 2 + REPLAYED_EPOCHS)
+    assert [s.batches for s in replayed.stats()] == [REPLAYED] * (2 + REPLAYED_EPOCHS)
     # The blocked read was cancelled without a batch.
     assert blocked.stats()[-1].cancelled and blocked.stats()[-1].batches == 0
     del iterator

@@ -20,6 +20,10 @@ pytestmark = pytest.mark.timeout(240)
 SCRIPT = os.path.join(os.path.dirname(__file__), "python_calls.py")
 # Per window: the resolver's and the feeder's few calls, one native push.
 CALLS_PER_WINDOW = 20
+# Per turn of the feeder that found nothing resolved yet (how many depends
+# on how long Ray takes, not on the batches); a poll's own calls are
+# counted apart.
+CALLS_PER_IDLE_ROUND = 10
 
 
 def count(batches, window, rows):
@@ -41,8 +45,10 @@ def test_tfray_python_runs_per_window_not_per_batch(rows, where):
     print(
         f"{where}: {got['batches']} batches in {got['windows']} windows; calls into "
         f"tfray {got['tfray']} ({got['tfray'] / got['batches']:.3f} a batch), into Ray "
-        f"{got['ray']} ({got['ray'] / got['batches']:.1f} a batch)"
+        f"{got['ray']} ({got['ray'] / got['batches']:.1f} a batch); {got['rounds']} turns of "
+        f"the feeder, {got['polls']} calls in polls"
     )
     assert got["batches"] == 3200 and got["copied"] == 0  # Every batch took the native path.
     assert got["windows"] < got["batches"] / 8, got  # Windows of many batches.
-    assert got["tfray"] <= CALLS_PER_WINDOW * got["windows"] + 20, got
+    idle_rounds = got["rounds"] - got["windows"]
+    assert got["tfray"] <= CALLS_PER_WINDOW * got["windows"] + CALLS_PER_IDLE_ROUND * idle_rounds + 20, got

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import tfray
 from conftest import wait_until
+from tfray._internal.runtime import native
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -100,14 +101,15 @@ def test_a_program_exits_cleanly_with_an_epoch_offered_ahead(tmp_path):
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("kind", ["refs", "generators"])
+@pytest.mark.parametrize("kind", ["refs", "refs replayed", "generators"])
 def test_new_iterators_after_a_shutdown_or_a_restart_are_unavailable(fresh_ray, kind):
     """After ray.shutdown(), and after a new ray.init(), a new iterator is UnavailableError.
 
     The message names the dataset and says to rebuild it: its refs and
     producers went with the old Ray, so a new iterator over it cannot work.
+    Even a list replayed natively (test_replay.py): the shutdown drops it.
     """
-    if kind == "refs":
+    if kind.startswith("refs"):
         ds = tfray.Dataset([ray.put(np.zeros(4, np.float32))])
     else:
 
@@ -116,8 +118,11 @@ def test_new_iterators_after_a_shutdown_or_a_restart_are_unavailable(fresh_ray, 
 
         ds = tfray.Dataset.from_generators(gen, 2, element_spec=tf.TensorSpec([4], tf.float32))
     assert len(list(ds)) >= 1
+    if kind == "refs replayed":
+        assert len(list(ds)) == 1
+        wait_until(lambda: native.load().lib.has_replay(ds._key))
     ray.shutdown()
-    name = f"from_{kind} dataset"
+    name = f"from_{kind.split()[0]} dataset"
     with pytest.raises(tf.errors.UnavailableError, match=f"{name}.*shut down before it started.*build a new tfray.Dataset"):
         next(iter(ds))
     from conftest import start_ray
@@ -127,3 +132,4 @@ def test_new_iterators_after_a_shutdown_or_a_restart_are_unavailable(fresh_ray, 
         next(iter(ds))
     rebuilt = tfray.Dataset([ray.put(np.ones(4, np.float32))])  # What the message advises.
     assert [t.numpy().tolist() for t in rebuilt] == [[1, 1, 1, 1]]
+

@@ -5,6 +5,7 @@ first, without a cluster.
 """
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -174,6 +175,7 @@ class FakeChannel:
 class FakeFeeder:
     def __init__(self):
         self.channel = FakeChannel()
+        self.done = threading.Event()  # Set once it has filled its channel.
 
 
 @pytest.fixture
@@ -198,8 +200,18 @@ def test_an_offer_counts_as_an_epoch_once_taken(source):
     offered.channel.claimed = True  # An iterator took it natively.
     assert not source.has_offer()  # The next epoch may be offered already.
     assert source.feeders() == [offered]
-    source.take_offered()  # The dispatcher heard of it.
+    # The dispatcher heard of it; not yet filled, its end will offer the next.
+    assert not source.take_offered(offered.channel)
     assert not source.has_offer() and source.feeders() == [offered]
+
+
+def test_an_offer_taken_once_filled_asks_for_the_next(source):
+    """Its end came while it was on offer, when no next one may be offered."""
+    offered = FakeFeeder()
+    source.offer(offered, publish=lambda: True)
+    offered.done.set()
+    offered.channel.claimed = True
+    assert source.take_offered(offered.channel)
 
 
 def test_closing_forgets_an_offer_no_iterator_took(source):

@@ -87,7 +87,7 @@ class Dataset(dataset_ops.DatasetSource):
             )
         self._structure = self._source.wire_spec
         registry = runtime.get().registry
-        key = registry.register(self._source)
+        key = self._key = registry.register(self._source)
         self._unregister = weakref.finalize(self, registry.unregister, key)
         variant = native.load().ops.tfray_dataset(
             source_key=tf.constant(key, dtype=tf.int64), **self._common_args

@@ -492,6 +492,97 @@ void TestOfferedEpochs() {
   CHECK(untaken.use_count() == 1);
 }
 
+// Pops everything `ch` holds (it must be closed); returns the batches.
+std::vector<Batch> PopAll(Channel& ch) {
+  std::vector<Batch> out;
+  Batch batch;
+  Code code;
+  std::string message;
+  while (ch.Pop(&batch, &code, &message) == Channel::PopResult::kBatch) {
+    out.push_back(std::move(batch));
+  }
+  return out;
+}
+
+// A replay serves every later request natively, from its position, sharing
+// the recorded batches' tokens (released once, when the replay and every
+// served copy are gone); it replaces and withdraws an offer, and
+// EndSession or Unregister drops it.
+void TestReplays() {
+  SourceRegistry& registry = SourceRegistry::Global();
+  registry.WaitRequests(0);
+  ClearReleased();
+  constexpr int64_t kKey = 3001;
+  Recording recording;
+  for (uint64_t id = 31; id <= 33; ++id) recording.Add(MakeBatch(id, {8, 4}));
+  CHECK(recording.size() == 3 && recording.bytes() == 36);
+  CHECK(!registry.SetReplay(kKey, recording.Take()));  // Not registered.
+  CHECK(recording.size() == 0 && recording.bytes() == 0);
+  CHECK(DrainIds(3) == (std::vector<uint64_t>{31, 32, 33}));  // Dropped.
+
+  registry.Register(kKey, {/*cardinality=*/3, /*capacity=*/1});
+  auto offered = std::make_shared<Channel>(1);
+  CHECK(registry.OfferEpoch(kKey, offered));
+  for (uint64_t id = 34; id <= 36; ++id) recording.Add(MakeBatch(id, {8}));
+  CHECK(registry.SetReplay(kKey, recording.Take()));
+  CHECK(registry.HasReplay(kKey) && registry.ReplayedBatches() == 3);
+  CHECK(offered->Stats().cancelled);  // Withdrawn: its feeder stops.
+  CHECK(!registry.OfferEpoch(kKey, std::make_shared<Channel>(1)));
+
+  // Only while the session is up (and known to be): else the dispatcher's.
+  for (bool (*probe)() : {static_cast<bool (*)()>(nullptr),
+                          +[] { return false; }}) {
+    registry.SetSessionProbe(probe);
+    auto own = std::make_shared<Channel>(1);
+    CHECK(registry.RequestEpoch({kKey, own}));
+    CHECK(own->Stats().queued == 0 && !own->Stats().closed);
+    auto requests = registry.WaitRequests(0);
+    CHECK(requests.size() == 1 && !requests[0].replayed);
+  }
+  registry.SetSessionProbe(+[] { return true; });
+
+  // Every request is served at once, whatever the capacity, from its skip.
+  std::vector<Batch> served;
+  for (int64_t skip : {0, 0, 2}) {
+    auto own = std::make_shared<Channel>(1);
+    std::shared_ptr<Channel> reads;
+    CHECK(registry.RequestEpoch({kKey, own, true, skip}, &reads));
+    CHECK(reads == own);
+    ChannelStats stats = own->Stats();
+    CHECK(stats.closed && stats.queued == 3 - skip);
+    for (Batch& b : PopAll(*own)) served.push_back(std::move(b));
+  }
+  CHECK(served.size() == 3 + 3 + 1);
+  CHECK(served[6].token == served[2].token);  // The same batch, shared.
+  auto requests = registry.WaitRequests(0);
+  CHECK(requests.size() == 3 && requests[0].replayed && !requests[0].offered);
+  requests.clear();
+  // Past its end: the dispatcher's.
+  auto past = std::make_shared<Channel>(1);
+  CHECK(registry.RequestEpoch({kKey, past, true, /*skip=*/4}));
+  requests = registry.WaitRequests(0);
+  CHECK(requests.size() == 1 && !requests[0].replayed);
+  requests.clear();
+
+  registry.EndSession();  // Ray shut down.
+  registry.SetSessionProbe(nullptr);
+  CHECK(!registry.HasReplay(kKey) && registry.ReplayedBatches() == 0);
+  CHECK(ReleaseQueue::Global()->Drain(0.05).empty());  // Still served.
+  served.clear();
+  CHECK(DrainIds(3) == (std::vector<uint64_t>{34, 35, 36}));
+  auto after = std::make_shared<Channel>(1);
+  std::shared_ptr<Channel> reads;
+  CHECK(registry.RequestEpoch({kKey, after}, &reads) && reads == after);
+  CHECK(after->Stats().queued == 0);  // For the dispatcher to report.
+  registry.WaitRequests(0);
+
+  for (uint64_t id = 37; id <= 39; ++id) recording.Add(MakeBatch(id, {8}));
+  CHECK(registry.SetReplay(kKey, recording.Take()));
+  registry.Unregister(kKey);
+  CHECK(!registry.HasReplay(kKey));
+  CHECK(DrainIds(3) == (std::vector<uint64_t>{37, 38, 39}));
+}
+
 }  // namespace
 }  // namespace tfray
 
@@ -503,6 +594,7 @@ int main() {
   const TestCase kTests[] = {
       {"FifoAndCloseDrains", tfray::TestFifoAndCloseDrains},
       {"OfferedEpochs", tfray::TestOfferedEpochs},
+      {"Replays", tfray::TestReplays},
       {"CloseWakesBlockedConsumer", tfray::TestCloseWakesBlockedConsumer},
       {"BoundedCapacityBlocksProducer",
        tfray::TestBoundedCapacityBlocksProducer},

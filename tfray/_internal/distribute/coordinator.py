@@ -256,9 +256,14 @@ class Client:
 
     def _call(self, method, *args):
         try:
-            return ray_api.get(getattr(self._handle, method).remote(*args))
+            return self._result(getattr(self._handle, method).remote(*args))
         except ray.exceptions.ActorDiedError:
             # It ended itself after a long idle spell: a fresh one (with no
             # history) takes its place under the same name.
             self._handle = connect(self.name, **self._args)
-            return ray_api.get(getattr(self._handle, method).remote(*args))
+            return self._result(getattr(self._handle, method).remote(*args))
+
+    @staticmethod
+    def _result(ref):
+        ray_api.poll([ref], None)  # Never blocks in Ray (ray_api).
+        return ray_api.get(ref)

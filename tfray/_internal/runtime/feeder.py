@@ -119,8 +119,12 @@ class Feeder:
         alignment: the byte alignment TF tensors need.
         native_spec: ``flat_spec.native(...)``, to push windows of batches in
             one native call; None: one by one, in Python.
-        on_end: called (on the feeder's thread) once every batch of the
-            epoch is in the channel, unless the epoch was cancelled.
+        recording: a native Recording that keeps the epoch's batches as
+            they are pushed, to replay them (``recording`` below); None.
+        record_within: ``(batches, bytes)`` the recording may reach (bytes
+            None: no byte bound); past either it is dropped.
+        on_end: called with the feeder (on its thread) once every batch of
+            the epoch is in the channel, unless the epoch was cancelled.
         name: the dataset this epoch is of, for messages.
     """
 
@@ -133,6 +137,8 @@ class Feeder:
         pins,
         alignment,
         native_spec=None,
+        recording=None,
+        record_within=(0, None),
         on_end=None,
         name="tfray.Dataset",
     ):
@@ -143,6 +149,9 @@ class Feeder:
         self._stream = stream
         self._spec = flat_spec
         self._native_spec = native_spec
+        self._recording = recording if native_spec is not None else None
+        self._record_within = record_within
+        self._whole = False  # Every batch of the epoch is in the channel.
         self._channel = channel
         self._alignment = alignment
         self.refs_in_flight = 0  # Read by stats(); an int store is atomic.
@@ -152,20 +161,31 @@ class Feeder:
     def channel(self):
         return self._channel
 
+    @property
+    def recording(self):
+        """The epoch's batches, if it was recorded and every batch was pushed natively.
+
+        None otherwise: an epoch with an error, a copy, a batch the Python
+        path handled, or one cut short is not replayed.
+        """
+        return self._recording if self._whole else None
+
     def run(self):
         try:
             if self._run() and self._on_end is not None:
                 try:
-                    self._on_end()
+                    self._on_end(self)
                 except Exception:  # Only an optimisation: never fail the epoch for it.
                     logger.exception("tfray: the end-of-epoch hook failed")
         finally:
+            self._recording = None  # on_end had it; kept, its batches stay pinned.
             self.done.set()  # After on_end: a finished epoch has made its offer.
 
     def _run(self):
         """Feeds the epoch and releases it; True if it reached the end."""
         try:
-            return self._feed()
+            self._whole = self._feed()
+            return self._whole
         except EpochError as e:
             # Once Ray is gone, say which dataset lost it.
             self._push_error(e if ray_errors.ray_running() else ray_errors.shutdown_error(self._name))
@@ -206,6 +226,7 @@ class Feeder:
                 limit = lookahead.update(self._channel.stats()["consumer_wait_s"])
                 if limit != self.lookahead:
                     self._channel.capacity = self.lookahead = limit
+        return False
 
     def _deliver(self, items, lookahead):
         """Pushes ``items`` in order, errors in their places; False if cancelled.
@@ -218,12 +239,14 @@ class Feeder:
         """
         if self._native_spec is not None:
             values = [value for _, value, _ in items]
-            taken, pushed, nbytes = self._channel.push_window(values, 0, self._native_spec)
+            taken, pushed, nbytes = self._channel.push_window(values, 0, self._native_spec, self._recording)
             if pushed < taken:
                 return False  # The consumer is gone.
             if taken and lookahead is not None:
                 lookahead.observe(nbytes / taken)
             items = items[taken:]
+        if items or not self._recording_fits():
+            self._recording = None  # Not every batch as it came, or too many: not replayed.
         pending = []
         for label, value, error in items:
             try:
@@ -240,6 +263,12 @@ class Feeder:
                     raise  # run() pushes it, once: it ends the epoch.
                 self._push_error(e)
         return self._push(pending)
+
+    def _recording_fits(self):
+        if self._recording is None:
+            return True
+        batches, nbytes = self._record_within
+        return self._recording.size <= batches and (nbytes is None or self._recording.bytes <= nbytes)
 
     def _entry(self, label, value):
         bytes_copied = arrays_copied = 0

@@ -6,13 +6,8 @@ run of resolved refs at the window's head (one ``ray.wait`` and one
 """
 
 import collections
-import time
 
 from tfray._internal.runtime import ray_api, ray_errors
-
-# How _poll's polls back off.
-_FIRST_PAUSE_S = 0.0005
-_LAST_PAUSE_S = 0.01
 
 
 class RefResolver:
@@ -56,7 +51,7 @@ class RefResolver:
         done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
         head = self._window[0][1]
         if head not in set(done):
-            if not self._poll(head, timeout):
+            if not ray_api.poll([head], timeout):  # Never blocks in Ray (ray_api).
                 return []
             done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
         done = set(done)
@@ -64,27 +59,6 @@ class RefResolver:
         while self._window and self._window[0][1] in done:
             ready.append(self._window.popleft())
         return ready
-
-    @staticmethod
-    def _poll(ref, timeout):
-        """Whether ``ref`` is ready within ``timeout``.
-
-        Polls rather than blocks in ``ray.wait``: a Ray call that
-        ``ray.shutdown()`` overtakes ends the process in Ray's core worker.
-        Each poll checks that Ray is up first; they back off from 0.5 ms to
-        10 ms.
-        """
-        deadline = time.monotonic() + timeout
-        pause = _FIRST_PAUSE_S
-        while True:
-            if not ray_errors.ray_running():
-                raise ray_errors.shutdown_error()
-            done, _ = ray_api.wait([ref], num_returns=1, timeout=0, fetch_local=True)
-            left = deadline - time.monotonic()
-            if done or left <= 0:
-                return bool(done)
-            time.sleep(min(pause, left))
-            pause = min(2 * pause, _LAST_PAUSE_S)
 
     @staticmethod
     def _resolve(ready):

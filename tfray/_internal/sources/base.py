@@ -121,6 +121,15 @@ class Source:
             "Dataset.streaming_split, already hands out blocks on demand)."
         )
 
+    def replay_bounds(self):
+        """``(batches, bytes)`` a whole epoch must fit in to be kept to replay; None: never.
+
+        Kept, an epoch stays pinned until the dataset is collected, so only
+        one within what the look-ahead may pin at once qualifies (``bytes``
+        None: no byte bound). Recording stops as soon as it passes them.
+        """
+        return None
+
     def lookahead(self):
         """The look-ahead of a new epoch: fixed, at the channel's capacity."""
         return LookAhead(fixed=self.capacity)
@@ -148,10 +157,16 @@ class Source:
             self._offered = feeder
             return True
 
-    def take_offered(self):
-        """The dispatcher heard that an iterator took the offered epoch."""
+    def take_offered(self, channel):
+        """The dispatcher heard that an iterator took the epoch offered in ``channel``.
+
+        True if that epoch was filled already: its end came while it was
+        still on offer, so it offered no next one.
+        """
         with self._lock:
             self._settle_offer()
+            taken = next((f for f in reversed(self._feeders) if f.channel is channel), None)
+            return taken is not None and taken.done.is_set()
 
     def feeders(self):
         with self._lock:

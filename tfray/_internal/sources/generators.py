@@ -71,9 +71,8 @@ def with_backpressure(remote_fn, options, max_inflight_per_producer):
         return remote_fn.options(**options)
 
 
-# How _next_ready's polls back off.
-_FIRST_PAUSE_S = 0.0005
-_LAST_PAUSE_S = 0.01
+# How long close() pauses between its reads.
+_DRAIN_PAUSE_S = 0.01
 # How long close() reads what stopping producers still make.
 _DRAIN_S = 2.0
 
@@ -222,7 +221,7 @@ class GeneratorShards:
             # ends the process.
             ready, _ = ray_api.wait(running, num_returns=len(running), timeout=0)
             if not ready:
-                time.sleep(_LAST_PAUSE_S)
+                time.sleep(_DRAIN_PAUSE_S)
             for generator in ready:
                 try:
                     next(generator)
@@ -250,28 +249,15 @@ class GeneratorShards:
     def _next_ready(self, timeout):
         """The position of a running shard whose next ref (or end) is ready.
 
-        Polls rather than blocks in ``ray.wait``: a wait on a streaming
-        generator that ``ray.shutdown()`` overtakes makes Ray's core worker end
-        the process. A poll checks that Ray is up first; it backs off from
-        0.5 ms to 10 ms while producers are slow (latency only: they produce
-        ahead meanwhile, up to their backpressure).
+        None if none is within ``timeout``. Polls (ray_api.poll): latency
+        only, as producers run ahead meanwhile, up to their backpressure.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = _FIRST_PAUSE_S
-        while True:
-            _check_ray()
-            if self.deterministic:
-                generators = [self._running[self._turn][1]]
-            else:
-                generators = [g for _, g in self._running]
-            ready, _ = ray_api.wait(generators, num_returns=1, timeout=0)
-            if ready:
-                return self._turn if self.deterministic else generators.index(ready[0])
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return None
-            time.sleep(pause if left is None else min(pause, left))
-            pause = min(2 * pause, _LAST_PAUSE_S)
+        if self.deterministic:
+            ready = ray_api.poll([self._running[self._turn][1]], timeout)
+            return self._turn if ready else None
+        generators = [g for _, g in self._running]
+        ready = ray_api.poll(generators, timeout)
+        return generators.index(ready[0]) if ready else None
 
 
 # Producer options that reserve resources, which a paused producer keeps.

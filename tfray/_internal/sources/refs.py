@@ -5,7 +5,7 @@ import itertools
 import ray
 
 from tfray._internal.runtime import spec
-from tfray._internal.runtime.lookahead import START, LookAhead
+from tfray._internal.runtime.lookahead import CAP, START, LookAhead
 from tfray._internal.runtime.resolver import RefResolver
 from tfray._internal.runtime.status import BatchError, Code
 from tfray._internal.sources.base import Source, default_budget, positive_int
@@ -82,6 +82,15 @@ class RefsSource(Source):
                 "read it again (each iterator is a new epoch).",
             )
         return RefResolver(RefList(refs, start=skip), lookahead=self.lookahead())
+
+    def replay_bounds(self):
+        """An epoch its look-ahead could hold at once: ``max_inflight``, or the byte budget."""
+        if self._refs is None:
+            return None
+        if self._max_inflight is not None:
+            return self._max_inflight, None
+        # The adaptive look-ahead holds up to half its budget (lookahead.py).
+        return CAP, None if self._budget is None else self._budget // 2
 
     def _remember(self, limit):
         self._learned = limit
