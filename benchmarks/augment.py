@@ -38,9 +38,10 @@ a round. ``+ busy thread``: the same, with ``run.py``'s busy Python thread
 in the trainer. Trainer CPU per batch excludes the busy thread's (shown
 apart) and, as in ``run.py``, counts only the trainer process: the work
 done in Ray's workers or the pool's processes is not in it, the work
-``tf_map`` does in the trainer is. ``x 1 core``: the rate over what one
-core makes running ``augment`` alone in a loop (measured first), i.e. how
-many cores' worth of augmentation reaches the consumer.
+``tf_map`` does in the trainer is. ``x 1 core``: the rate over that of
+``augment`` alone, called in a loop in the trainer's main thread with no
+pipeline and no busy thread (``alone``, measured at the start of every
+round), i.e. how many cores' worth of augmentation reaches the consumer.
 
 Run: ``make bench-augment`` or ``python benchmarks/augment.py [--quick]``.
 Writes ``benchmarks/results/augment.json`` (not committed).
@@ -80,6 +81,7 @@ PIPELINES = (
     "pool@2",
 )
 LABELS = {
+    "alone": "augment alone, one thread",
     "tfray_generators": "tfray from_generators",
     "tf_map": "tf.data map(numpy_function)",
     "pool": "from_generator(Pool.imap)",
@@ -178,16 +180,24 @@ def build(name, encoded, crop):
     raise ValueError(name)
 
 
-def in_process_cost(encoded, crop, batches):
-    """Seconds (wall, CPU) per batch of ``augment`` alone, in this thread, idle."""
+def alone(encoded, crop, seconds):
+    """A sample of ``augment`` alone, in this thread, for about ``seconds``."""
     images.augment(encoded, 0, crop)
-    wall, cpu = time.perf_counter(), time.thread_time()
-    for i in range(batches):
-        images.augment(encoded, i, crop)
-    return (time.perf_counter() - wall) / batches, (time.thread_time() - cpu) / batches
+    wall, cpu, n = time.perf_counter(), time.thread_time(), 0
+    while time.perf_counter() - wall < seconds:
+        images.augment(encoded, n, crop)
+        n += 1
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    return {
+        "batches": n,
+        "seconds": wall,
+        "batches_per_s": n / wall,
+        "cpu_s_per_batch": cpu / n,
+        "busy_cpu_s_per_batch": 0.0,
+    }
 
 
-def rows(samples, cost_s):
+def rows(samples):
     """A row per load and pipeline: medians and paired ratios (see ``report.py``)."""
     import report
 
@@ -208,17 +218,16 @@ def rows(samples, cost_s):
                     "min_batches_per_s": min(x["batches_per_s"] for x in s),
                     "max_batches_per_s": max(x["batches_per_s"] for x in s),
                     "samples_batches_per_s": [x["batches_per_s"] for x in s],
-                    "x_one_core": rate * cost_s,
+                    "x_one_core": report.paired(s, by_name.get("alone@1")),
                     "x_one_producer": report.paired(s, one) if producers != "1" else None,
                     "x_tf_map": report.paired(s, by_name.get(f"tf_map@{producers}"))
-                    if family != "tf_map"
+                    if family not in ("tf_map", "alone")
                     else None,
                     "cpu_ms_per_batch": 1e3 * report.median(s, "trainer_cpu_s_per_batch"),
                     "busy_cpu_ms_per_batch": (
-                        1e3 * report.median(s, "busy_cpu_s_per_batch") if load == "busy" else None
-                    ),
-                    "busy_loops_per_s": (
-                        report.median(s, "busy_loops_per_s") if load == "busy" else None
+                        1e3 * report.median(s, "busy_cpu_s_per_batch")
+                        if load == "busy" and family != "alone"
+                        else None
                     ),
                 }
             )
@@ -317,11 +326,9 @@ def main(argv=None):
     load_avg_at_start = os.getloadavg()
     machine = report.machine_info()
     encoded = images.make_encoded(DISTINCT, args.images, args.size, args.format)
-    cost_s, cost_cpu_s = in_process_cost(encoded, args.crop, 8 if args.quick else 40)
     print(
         f"augmentation benchmark: {args.images} x {args.size}x{args.size} RGB {args.format} "
-        f"-> float32[{args.images},{args.crop},{args.crop},3] a batch; augment alone in one "
-        f"thread: {cost_s * 1e3:.1f} ms a batch ({1 / cost_s:.0f} batches/s a core); "
+        f"-> float32[{args.images},{args.crop},{args.crop},3] a batch; "
         f"{args.rounds} round(s) of ~{args.seconds} s",
         flush=True,
     )
@@ -329,8 +336,9 @@ def main(argv=None):
     names = args.pipeline_names
     samples = {}
     for load in args.load_names:
-        samples[load] = {name: [] for name in names}
+        samples[load] = {name: [] for name in ["alone@1", *names]}
         for rnd in range(args.rounds):
+            samples[load]["alone@1"].append(alone(encoded, args.crop, args.seconds / 3))
             shift = rnd % len(names)
             for name in names[shift:] + names[:shift]:
                 gc.collect()
@@ -356,18 +364,17 @@ def main(argv=None):
     data = {
         "settings": vars(args) | {"load_avg_at_start": load_avg_at_start},
         "machine": machine | {"load_avg_at_end": os.getloadavg()},
-        "augment_alone_ms_per_batch": cost_s * 1e3,
-        "augment_alone_cpu_ms_per_batch": cost_cpu_s * 1e3,
-        "rows": rows(samples, cost_s),
+        "rows": rows(samples),
         "samples": samples,
         "wall_s": time.perf_counter() - wall,
     }
     print()
     print(report.text_table(*table(data["rows"])))
     print(
-        f"\nx 1 core: batches/s x {cost_s * 1e3:.1f} ms (augment alone, one thread). "
-        "1 -> 2: over the same pipeline with 1 (tf_map AUTOTUNE included). CPU ms/batch: "
-        "the trainer process's, busy thread excluded; producers and pool processes not counted."
+        "\nx 1 core: over augment alone in one thread (no pipeline, no busy thread) in the "
+        "same round. 1 -> 2: over the same pipeline with 1 (tf_map AUTOTUNE included). "
+        "CPU ms/batch: the trainer process's, busy thread excluded; producers and pool "
+        "processes not counted."
     )
     print(
         "load average at start "
