@@ -213,11 +213,12 @@ def targets(rows, rss):
         if r is None or r.get(key) is None:
             return
         value = r[key]
+        # from_refs' variants only: tfray_generators is another source.
         variants = {
             v["pipeline"]: v[key]
             for v in rows
             if (v["scenario"], v["load"]) == (scenario, load)
-            and v["pipeline"].startswith("tfray_")
+            and v["pipeline"].startswith("tfray_1epoch")
             and v.get(key) is not None
         }
         out.append(
