@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TF_PACKAGE ?= tensorflow-cpu==2.21.*
 PYTEST_ARGS ?=
 
-.PHONY: venv deps build test test-all test-native test-asan test-compat test-sanitized demo demo-quick examples-quick bench clean
+.PHONY: venv deps build test test-all test-native test-asan test-compat test-sanitized demo demo-quick examples-quick bench bench-augment clean
 
 venv: $(PY)
 
@@ -102,8 +102,16 @@ examples-quick: build
 	$(PY) examples/ray_train_mwms.py --rows 512 --epochs 2
 	$(PY) examples/multi_worker.py --timeout 300
 
+# BENCH_ARGS go to the benchmark, e.g. BENCH_ARGS=--quick for a short run.
+BENCH_ARGS ?=
 bench: build
-	$(PY) benchmarks/run.py
+	$(PY) benchmarks/run.py $(BENCH_ARGS)
+
+# Python-heavy augmentation (decode, crop, flip, normalize) done by
+# from_generators producers, by tf.data's parallel map and by a
+# multiprocessing pool; with BENCH_ARGS=--quick in under a minute.
+bench-augment: build
+	$(PY) benchmarks/augment.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build *.egg-info tfray/_native*.so tfray/_build_info.py .pytest_cache

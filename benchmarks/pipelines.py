@@ -43,6 +43,22 @@ each pipeline below delivers those same batches, cycled, as a
     look-ahead window longer than ``N`` holds some refs twice, which Ray gets
     a little more cheaply than distinct ones. The ``@K`` suffix
     (``tfray_1epoch@16``, ``tfray@8``) sets ``max_inflight=K``.
+``tfray_generators``
+    ``tfray.Dataset.from_generators(fn, 2)``: two producers (Ray tasks, one
+    per core) whose generators yield the ``N`` batches, producer ``s`` the
+    batches ``s, s + 2, ...`` round and round, so that tfray's deterministic
+    round-robin delivers them in the same order as the others. A producer
+    takes its batches from the object store once (``ray.get`` of the refs,
+    zero-copy) and yields them as they are: production is as cheap as it can
+    be, and what remains is ``from_generators``' own path, Ray's put of each
+    yielded batch included (a copy into a new object in the producer's
+    process, or, under 100 KB, the batch sent inline to the trainer). Like
+    ``tfray_1epoch`` it runs one long epoch (``TFRAY_1EPOCH_BATCHES``
+    batches, then ``.repeat()``) rather than an epoch of ``N`` repeated:
+    every epoch start launches new producer tasks, whose start-up would then
+    be timed every ``N`` batches and hide the delivery path this row is
+    about (the ``tfray`` row shows what epoch starts cost a list of refs).
+    The ``@K`` suffix sets ``max_inflight_per_producer=K`` (default 2).
 
 What is not the same, by necessity: Ray Data keeps its own copy of the data
 in its block format (Arrow tensor columns), made from the same arrays.
@@ -55,9 +71,18 @@ import tensorflow as tf
 
 import ray
 
-PIPELINES = ("ceiling", "ceiling_1", "from_generator", "to_tf", "tfray", "tfray_1epoch")
+PIPELINES = (
+    "ceiling",
+    "ceiling_1",
+    "from_generator",
+    "to_tf",
+    "tfray",
+    "tfray_1epoch",
+    "tfray_generators",
+)
 TO_TF_EPOCH_BATCHES = 4096
 TFRAY_1EPOCH_BATCHES = 60000
+GENERATOR_PRODUCERS = 2
 
 
 def make_batches(rows, x_shape, x_dtype, count, seed=0):
@@ -188,4 +213,32 @@ def tfray_dataset(refs, spec, max_inflight=None, one_epoch=False):
     if one_epoch:
         refs = refs * -(-TFRAY_1EPOCH_BATCHES // len(refs))
     source = tfray.Dataset.from_refs(refs, element_spec=spec, **kwargs)
+    return source, source.repeat()
+
+
+def tfray_generators(refs, spec, max_inflight_per_producer=None, producers=GENERATOR_PRODUCERS):
+    """``tfray.Dataset.from_generators`` over the refs' batches; returns (tfray dataset, pipeline).
+
+    Producer ``s`` yields ``refs[s::producers]`` round and round,
+    ``TFRAY_1EPOCH_BATCHES / producers`` batches in all; the pipeline is
+    ``.repeat()`` ed.
+    """
+    import tfray
+
+    refs = list(refs)
+    per_producer = -(-TFRAY_1EPOCH_BATCHES // producers)
+
+    # Nested, so that it pickles by value: Ray's workers need not import this
+    # module (nor TensorFlow) to run it.
+    def produce(shard):
+        batches = ray.get(refs[shard::producers])
+        for i in range(per_producer):
+            yield batches[i % len(batches)]
+
+    kwargs = {}
+    if max_inflight_per_producer is not None:
+        kwargs["max_inflight_per_producer"] = max_inflight_per_producer
+    source = tfray.Dataset.from_generators(
+        produce, producers, element_spec=spec, ray_remote_args={"num_cpus": 1}, **kwargs
+    )
     return source, source.repeat()

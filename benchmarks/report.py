@@ -7,6 +7,12 @@ drift of a shared machine; it is therefore not exactly the ratio of the
 medians shown. Ratios compare the same scenario *and load*: a busy-thread
 row's ``x ceiling`` is against the ceiling with the same busy thread running
 (the thread takes a core from TensorFlow as well as the GIL from Python).
+
+Trainer CPU per batch (``cpu ms/batch``) is the trainer process's CPU time
+over the timed run, all threads but the busy one, per batch; ``CPU x
+ceiling`` pairs it with the ceiling's in the same round as above (lower is
+better: 1.00x spends no more of the trainer's CPU per batch than reading
+tensors already in memory). The busy thread's CPU per batch is shown apart.
 """
 
 import datetime
@@ -24,23 +30,35 @@ LABELS = {
     "to_tf": "Ray Data to_tf",
     "tfray": "tfray (epoch of N, repeated)",
     "tfray_1epoch": "tfray_1epoch (one long epoch)",
+    "tfray_generators": "tfray_generators (2 producers, one long epoch)",
 }
+# What a pipeline's ``@K`` suffix sets.
+SUFFIXES = {"tfray_generators": "max_inflight_per_producer"}
 
 
-def _median(samples, key):
+def median(samples, key):
+    """The median of ``key`` over the samples (rounds)."""
     return statistics.median(s[key] for s in samples)
 
 
-def _paired(a, b):
-    """Median over rounds of a[i] / b[i] (batches/s), or None."""
+def paired(a, b, key="batches_per_s"):
+    """Median over rounds of a[i][key] / b[i][key], or None."""
     if not a or not b:
         return None
-    return statistics.median(x["batches_per_s"] / y["batches_per_s"] for x, y in zip(a, b))
+    return statistics.median(x[key] / y[key] for x, y in zip(a, b))
+
+
+def trainer_cpu(samples):
+    """The samples with ``trainer_cpu_s_per_batch``: all threads but the busy one."""
+    return [
+        s | {"trainer_cpu_s_per_batch": s["cpu_s_per_batch"] - s.get("busy_cpu_s_per_batch", 0.0)}
+        for s in samples
+    ]
 
 
 def _label(name):
     base, _, k = name.partition("@")
-    return LABELS.get(base, base) + (f" (max_inflight={k})" if k else "")
+    return LABELS.get(base, base) + (f" ({SUFFIXES.get(base, 'max_inflight')}={k})" if k else "")
 
 
 def machine_info():
@@ -120,8 +138,8 @@ def assemble(results, rss, args, wall_s, machine=None):
     machine["load_avg_at_end"] = os.getloadavg()
     rows = []
     for r in results:
-        samples = r["samples"]
-        med = {name: _median(s, "batches_per_s") for name, s in samples.items() if s}
+        samples = {name: trainer_cpu(s) for name, s in r["samples"].items()}
+        med = {name: median(s, "batches_per_s") for name, s in samples.items() if s}
         for name, s in samples.items():
             if not s:
                 continue
@@ -134,16 +152,25 @@ def assemble(results, rss, args, wall_s, machine=None):
                 "samples_batches_per_s": [x["batches_per_s"] for x in s],
                 "min_batches_per_s": min(x["batches_per_s"] for x in s),
                 "max_batches_per_s": max(x["batches_per_s"] for x in s),
-                "cpu_ms_per_batch": 1e3 * _median(s, "cpu_s_per_batch"),
-                "busy_loops_per_s": (
-                    _median(s, "busy_loops_per_s") if s[0].get("busy_loops_per_s") else None
+                "cpu_ms_per_batch": 1e3 * median(s, "trainer_cpu_s_per_batch"),
+                "cpu_x_ceiling": paired(
+                    s, samples.get("ceiling"), "trainer_cpu_s_per_batch"
                 ),
-                "x_ceiling": _paired(s, samples.get("ceiling")),
+                "process_cpu_ms_per_batch": 1e3 * median(s, "cpu_s_per_batch"),
+                "busy_cpu_ms_per_batch": (
+                    1e3 * median(s, "busy_cpu_s_per_batch")
+                    if "busy_cpu_s_per_batch" in s[0]
+                    else None
+                ),
+                "busy_loops_per_s": (
+                    median(s, "busy_loops_per_s") if s[0].get("busy_loops_per_s") else None
+                ),
+                "x_ceiling": paired(s, samples.get("ceiling")),
                 "x_ceiling_of_medians": med[name] / med["ceiling"] if "ceiling" in med else None,
             }
             if name.startswith("tfray"):
                 for other in ("from_generator", "to_tf"):
-                    row[f"x_{other}"] = _paired(s, samples.get(other))
+                    row[f"x_{other}"] = paired(s, samples.get(other))
                 row["tfray_stats"] = s[-1].get("tfray")
             rows.append(row)
     return {
@@ -186,11 +213,12 @@ def targets(rows, rss):
         if r is None or r.get(key) is None:
             return
         value = r[key]
+        # from_refs' variants only: tfray_generators is another source.
         variants = {
             v["pipeline"]: v[key]
             for v in rows
             if (v["scenario"], v["load"]) == (scenario, load)
-            and v["pipeline"].startswith("tfray_")
+            and v["pipeline"].startswith("tfray_1epoch")
             and v.get(key) is not None
         }
         out.append(
@@ -241,6 +269,8 @@ def table_rows(data):
         "tfray / from_gen",
         "tfray / to_tf",
         "CPU ms/batch",
+        "CPU x ceiling",
+        "busy thread ms/batch",
     ]
     lines = []
     for r in data["rows"]:
@@ -256,15 +286,36 @@ def table_rows(data):
                 _fmt_ratio(r.get("x_from_generator")),
                 _fmt_ratio(r.get("x_to_tf")),
                 f"{r['cpu_ms_per_batch']:.3f}",
+                _fmt_ratio(r.get("cpu_x_ceiling")),
+                "" if r["load"] != "busy" or r.get("busy_cpu_ms_per_batch") is None
+                else f"{r['busy_cpu_ms_per_batch']:.3f}",
             ]
         )
     return header, lines
 
 
 def table_text(data):
-    header, lines = table_rows(data)
+    return text_table(*table_rows(data))
+
+
+def markdown_table(header, lines):
+    """A Markdown table; the first two columns are text, the rest right-aligned figures."""
+    out = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|",
+    ]
+    for cells in lines:
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def text_table(header, lines):
+    """Aligned columns, the first two text, the rest figures; a blank line between groups.
+
+    A group is a run of lines with the same first cell.
+    """
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
-    right = {2, 3, 4, 5, 6, 7, 8}
+    right = set(range(2, len(header)))
 
     def fmt(cells):
         return "  ".join(
@@ -282,11 +333,7 @@ def table_text(data):
 
 
 def table_markdown(data):
-    header, lines = table_rows(data)
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * 7) + "|"]
-    for cells in lines:
-        out.append("| " + " | ".join(cells) + " |")
-    return "\n".join(out)
+    return markdown_table(*table_rows(data))
 
 
 def targets_lines(data):
@@ -312,7 +359,7 @@ def targets_lines(data):
 
 def _short(name):
     base, _, k = name.partition("@")
-    return base + (f" max_inflight={k}" if k else "")
+    return base + (f" {SUFFIXES.get(base, 'max_inflight')}={k}" if k else "")
 
 
 def targets_text(data):
@@ -329,18 +376,19 @@ def targets_text(data):
 
 
 def chart(data, path):
+    """Two panels over the same groups: batches/s, and the trainer's CPU ms per batch."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = []
+    def group(r):
+        return r["scenario"] + ("\n+ busy thread" if r["load"] == "busy" else "")
+
+    groups, names = [], []
     for r in data["rows"]:
-        g = r["scenario"] + ("\n+ busy thread" if r["load"] == "busy" else "")
-        if g not in groups:
-            groups.append(g)
-    names = []
-    for r in data["rows"]:
+        if group(r) not in groups:
+            groups.append(group(r))
         if r["pipeline"] not in names:
             names.append(r["pipeline"])
     colors = {
@@ -350,42 +398,49 @@ def chart(data, path):
         "to_tf": "#56b4e9",
         "tfray": "#009e73",
         "tfray_1epoch": "#8fd9bf",
+        "tfray_generators": "#cc79a7",
     }
     width = 0.8 / len(names)
-    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(groups) + 2), 6))
-    for i, name in enumerate(names):
-        xs, ys = [], []
-        for j, g in enumerate(groups):
-            for r in data["rows"]:
-                label = r["scenario"] + ("\n+ busy thread" if r["load"] == "busy" else "")
-                if label == g and r["pipeline"] == name:
-                    xs.append(j + (i - (len(names) - 1) / 2) * width)
-                    ys.append(r["batches_per_s"])
-        ax.bar(
-            xs,
-            ys,
-            width,
-            label=_label(name),
-            color=colors.get(name.split("@")[0], None),
-            hatch="///" if "@" in name else None,
-            edgecolor="black",
-            linewidth=0.4,
-        )
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels(groups)
-    ax.set_ylabel("batches / s (log scale)")
+    fig, (top, bottom) = plt.subplots(
+        2, 1, sharex=True, figsize=(max(8, 1.6 * len(groups) + 2), 9), height_ratios=(3, 2)
+    )
+    panels = (
+        (top, "batches_per_s", "batches / s (log scale)"),
+        (bottom, "cpu_ms_per_batch", "trainer CPU ms / batch\n(busy thread excluded, log scale)"),
+    )
+    for ax, key, ylabel in panels:
+        for i, name in enumerate(names):
+            xs, ys = [], []
+            for j, g in enumerate(groups):
+                for r in data["rows"]:
+                    if group(r) == g and r["pipeline"] == name and r.get(key):
+                        xs.append(j + (i - (len(names) - 1) / 2) * width)
+                        ys.append(r[key])
+            ax.bar(
+                xs,
+                ys,
+                width,
+                label=_label(name),
+                color=colors.get(name.split("@")[0], None),
+                hatch="///" if "@" in name else None,
+                edgecolor="black",
+                linewidth=0.4,
+            )
+        ax.set_yscale("log")
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="y", which="both", alpha=0.3)
+        ax.set_axisbelow(True)
+    bottom.set_xticks(range(len(groups)))
+    bottom.set_xticklabels(groups)
     m = data["machine"]
-    ax.set_title(
+    top.set_title(
         f"Input pipelines, same batches, same graph-mode consumer\n"
         f"{m['cores']} cores, {m['cpu']}; TF {m['tensorflow']}, Ray {m['ray']}",
         fontsize=10,
     )
-    ax.grid(axis="y", which="both", alpha=0.3)
-    ax.set_axisbelow(True)
-    ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+    bottom.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # The legend sits below the axes.
     plt.close(fig)
 
 
@@ -421,7 +476,7 @@ def results_markdown(data, chart_name, notes):
         "",
         "## Throughput",
         "",
-        f"![batches/s per scenario and pipeline, log scale]({chart_name})",
+        f"![batches/s and trainer CPU per batch, per scenario and pipeline, log scale]({chart_name})",
         "",
         table_markdown(data),
         "",
@@ -431,7 +486,10 @@ def results_markdown(data, chart_name, notes):
             for sc in data["scenarios"]
             if sc["load"] == "idle"
         )
-        + ". `CPU ms/batch` is the trainer process's CPU time (all threads) per batch.",
+        + ". `CPU ms/batch` is the trainer process's CPU time per batch, all threads but"
+        " the busy one (whose own CPU per batch is `busy thread ms/batch`); `CPU x ceiling`"
+        " is its ratio to the ceiling's in the same round. Producers in Ray's worker"
+        " processes (`tfray_generators`) are not trainer CPU.",
         "",
         "## Targets",
         "",

@@ -28,6 +28,14 @@ Why it is fair:
 - **Busy thread** (``+busy`` scenarios): a thread in the trainer process runs
   ``while not stop: x = sum(range(1000))`` during warm-up and timing: pure
   Python that holds the GIL except when the interpreter forces a switch.
+- **Trainer CPU per batch**: the trainer process's CPU time (user + system,
+  all its threads: TensorFlow's, tfray's, Ray's core worker's) over the timed
+  call, divided by its batches. The busy thread's own CPU time, read from
+  its thread CPU clock, is taken out (and reported apart): it spins whatever
+  the pipeline does, so per batch it would only restate the throughput.
+  Work done in other processes is not trainer CPU and is not counted: Ray's
+  object store and raylet, Ray Data's tasks, and ``tfray_generators``'
+  producers, which run in Ray's worker processes (on the same cores).
 
 It also measures the trainer's resident memory around one long tfray run
 (12 MB batches, ``--rss-batches``, default 2000) and reports the growth in
@@ -85,8 +93,11 @@ SCENARIOS = {
     # (c) 16 KB: 16 rows of 256 float32; per-batch overhead dominates.
     # The window (max_inflight) matters here, so a window of all 16 distinct
     # refs is tried too (a bigger one would hold the same refs twice, and Ray
-    # gets a repeated ref more cheaply than a distinct one).
-    "16KB": Scenario("16KB", 16, (256,), "float32", 16, extra=("tfray_1epoch@16",)),
+    # gets a repeated ref more cheaply than a distinct one), and producers
+    # that may run 16 batches ahead instead of 2.
+    "16KB": Scenario(
+        "16KB", 16, (256,), "float32", 16, extra=("tfray_1epoch@16", "tfray_generators@16")
+    ),
 }
 LOADS = ("idle", "busy")
 ALL_RUNS = [f"{s}{'+busy' if load == 'busy' else ''}" for load in LOADS for s in SCENARIOS]
@@ -126,6 +137,7 @@ class BusyThread:
         self.iterations = 0
         self._stop = False
         self._thread = None
+        self._clock = None
 
     def _spin(self):
         iterations = 0
@@ -138,7 +150,14 @@ class BusyThread:
         if self.active:
             self._thread = threading.Thread(target=self._spin, name="busy", daemon=True)
             self._thread.start()
+            self._clock = time.pthread_getcpuclockid(self._thread.ident)
         return self
+
+    def cpu_s(self):
+        """The busy thread's CPU time so far (0 when inactive), read from another thread."""
+        if self._thread is None:
+            return 0.0
+        return time.clock_gettime(self._clock)
 
     def __exit__(self, *exc):
         if self._thread is not None:
@@ -160,7 +179,9 @@ def rss_kb():
 def measure(dataset, *, busy, seconds, distinct, min_probe_s):
     """One timed sample of ``dataset``: warm-up, probe, then a timed run.
 
-    Returns a dict with the batches, seconds and CPU seconds of the timed run.
+    Returns a dict with the batches, seconds and CPU seconds of the timed run:
+    ``cpu_s_per_batch`` the trainer process's (all threads),
+    ``busy_cpu_s_per_batch`` the busy thread's share of it.
     """
     iterator = iter(dataset)
     busy_start = time.perf_counter()
@@ -173,9 +194,9 @@ def measure(dataset, *, busy, seconds, distinct, min_probe_s):
                 break
             probe *= 4 if dt < min_probe_s / 4 else 2
         n = max(distinct, int(round(probe / dt * seconds)))
-        cpu = time.process_time()
+        cpu, busy_cpu = time.process_time(), load.cpu_s()
         dt = run_consume(iterator, n)
-        cpu = time.process_time() - cpu
+        cpu, busy_cpu = time.process_time() - cpu, load.cpu_s() - busy_cpu
     busy_s = time.perf_counter() - busy_start
     del iterator
     return {
@@ -183,6 +204,7 @@ def measure(dataset, *, busy, seconds, distinct, min_probe_s):
         "seconds": dt,
         "batches_per_s": n / dt,
         "cpu_s_per_batch": cpu / n,
+        "busy_cpu_s_per_batch": busy_cpu / n,
         # How much the busy thread got to run (its loops per second over
         # warm-up, probe and timed run): the GIL and a core it did not get.
         "busy_loops_per_s": load.iterations / busy_s if busy else None,
@@ -220,6 +242,9 @@ def build(name, batches, refs, spec, ray_data):
         source, ds = pipelines.tfray_dataset(
             refs, spec, max_inflight=max_inflight, one_epoch=name == "tfray_1epoch"
         )
+        return ds, source
+    if name == "tfray_generators":
+        source, ds = pipelines.tfray_generators(refs, spec, max_inflight_per_producer=max_inflight)
         return ds, source
     raise ValueError(name)
 
@@ -322,7 +347,8 @@ def parse_args(argv):
     parser.add_argument(
         "--pipelines",
         default=",".join(pipelines.PIPELINES),
-        help="comma-separated, of %s; tfray@K sets max_inflight=K" % ", ".join(pipelines.PIPELINES),
+        help="comma-separated, of %s; tfray@K sets max_inflight=K (for tfray_generators@K, "
+        "max_inflight_per_producer=K)" % ", ".join(pipelines.PIPELINES),
     )
     parser.add_argument("--rounds", type=int, default=None, help="samples per figure (5)")
     parser.add_argument("--seconds", type=float, default=None, help="timed run length (1.0)")
@@ -359,6 +385,23 @@ def parse_args(argv):
     return args
 
 
+def start_ray(object_store_bytes=OBJECT_STORE_BYTES):
+    """A local Ray of 2 CPUs, quiet: no dashboard, worker logs or progress bars."""
+    import logging
+
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    ray.init(
+        num_cpus=2,
+        object_store_memory=object_store_bytes,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+
+
 def main(argv=None):
     args = parse_args(argv)
     wall = time.perf_counter()
@@ -370,19 +413,7 @@ def main(argv=None):
     def log(message):
         print(message, flush=True)
 
-    import logging
-
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    ray.init(
-        num_cpus=2,
-        object_store_memory=OBJECT_STORE_BYTES,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    context.print_on_execution_start = False
+    start_ray()
 
     log(
         f"tfray input-pipeline benchmark: {len(args.runs)} scenario(s), "
