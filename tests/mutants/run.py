@@ -254,8 +254,10 @@ def run_commands(tree, env, commands):
         try:
             run = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
             lines = (run.stdout + run.stderr).strip().splitlines()
+            # The examples say FAILED on the line that tells why; else the last line.
+            said = [line for line in lines if "FAILED" in line] or lines[-1:]
             status = "failed" if run.returncode else "passed"
-            results[command] = (status, f"exit code {run.returncode}: {lines[-1] if lines else ''}")
+            results[command] = (status, f"exit code {run.returncode}: {said[-1] if said else ''}")
         except subprocess.TimeoutExpired:
             results[command] = ("failed", f"killed after {COMMAND_TIMEOUT_S} s")
     return results
