@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TF_PACKAGE ?= tensorflow-cpu==2.21.*
 PYTEST_ARGS ?=
 
-.PHONY: venv deps build test test-all test-native test-asan test-compat test-sanitized demo demo-quick examples-quick bench bench-augment clean
+.PHONY: venv deps build test test-all test-native test-asan test-compat test-sanitized test-mutants demo demo-quick examples-quick bench bench-augment clean
 
 venv: $(PY)
 
@@ -86,6 +86,16 @@ test-sanitized: build
 	LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	$(PY) tests/sanitized.py $$(ls -d $(SANITIZED)/lib.*) --capture=sys -m "not slow" $(SANITIZED_TESTS) $(PYTEST_ARGS)
+
+# Each deliberate breakage in tests/mutants/ (a copy forced in the feeder, the
+# GIL taken in GetNext, a leaked pin, a fetched-then-dropped ref, ...) built
+# out of place and run against the tests that claim to catch it; every one
+# must fail them, and they must pass on the unmutated tree. Not part of
+# `make test` or CI: it builds the native library several times.
+# MUTANTS=name ... runs only those.
+MUTANTS ?=
+test-mutants: deps
+	$(PY) tests/mutants/run.py $(MUTANTS)
 
 demo: build
 	$(PY) examples/keras_fit.py

@@ -148,23 +148,40 @@ class _InterruptAt(keras.callbacks.Callback):
         threading.Thread(target=signal.pthread_kill, args=(main, signal.SIGINT)).start()
 
 
-def _generated_batches():
-    """make_batch's batches from 2 shards (made in a function: pickled by value)."""
+def _generated_batches(ends):
+    """make_batch's batches from 2 shards (made in a function: pickled by value).
+
+    A producer that returns appends to the file ``ends`` how many it made.
+    """
 
     def shard_batches(shard):
-        for i in range(shard, BATCHES, 2):
-            rng = np.random.default_rng(i)
-            x = rng.normal(size=(ROWS, FEATURES)).astype(np.float32)
-            yield {"x": x, "y": (x.sum(axis=1) > 0).astype(np.int32)}
+        made = 0
+        try:
+            for i in range(shard, BATCHES, 2):
+                rng = np.random.default_rng(i)
+                x = rng.normal(size=(ROWS, FEATURES)).astype(np.float32)
+                yield {"x": x, "y": (x.sum(axis=1) > 0).astype(np.int32)}
+                made += 1
+        finally:
+            with open(ends, "a") as f:
+                f.write(f"{made}\n")
 
     return shard_batches
 
 
-def _interruptible_source(kind):
+def _interruptible_source(kind, ends):
     if kind == "refs":
         return tfray.Dataset([make_batch.remote(i) for i in range(BATCHES)], max_inflight=4)
     spec = {"x": tf.TensorSpec([None, FEATURES], tf.float32), "y": tf.TensorSpec([None], tf.int32)}
-    return tfray.Dataset.from_generators(_generated_batches(), 2, element_spec=spec, max_inflight_per_producer=2)
+    return tfray.Dataset.from_generators(_generated_batches(ends), 2, element_spec=spec, max_inflight_per_producer=2)
+
+
+def _producer_ends(ends):
+    """How many batches each producer that returned made (read from the file ``ends``)."""
+    if not os.path.exists(ends):
+        return []
+    with open(ends) as f:
+        return [int(n) for n in f.read().split()]
 
 
 @pytest.fixture
@@ -176,11 +193,12 @@ def ctrl_c_raises():
 
 
 @pytest.mark.parametrize("kind, how", [("refs", "raise"), ("refs", "sigint"), ("generators", "sigint")])
-def test_keyboard_interrupt_in_fit_stops_feeders_and_a_new_fit_works(kind, how, ctrl_c_raises):
+def test_keyboard_interrupt_in_fit_stops_feeders_and_a_new_fit_works(kind, how, ctrl_c_raises, tmp_path):
     """Ctrl-C in model.fit (from_refs or from_generators): fit stops, the feeder and
     producers stop, pins go; the next fit reads everything."""
     baseline = _settled_baseline()
-    source = _interruptible_source(kind)
+    ends = str(tmp_path / "ends")
+    source = _interruptible_source(kind, ends)
     ds = source.map(lambda b: (b["x"], b["y"])).prefetch(2)
     model = _model()
 
@@ -194,6 +212,11 @@ def test_keyboard_interrupt_in_fit_stops_feeders_and_a_new_fit_works(kind, how, 
     wait_until(lambda: source.stats()[0].finished and source.stats()[0].cancelled)
     assert source.stats()[0].refs_in_flight == 0
     wait_until(lambda: runtime.get().pins.count() == 0)
+    if kind == "generators":
+        # The interrupted epoch's producers returned, stopped early: not
+        # left paused, nor run on to their shard's end.
+        wait_until(lambda: len(_producer_ends(ends)) >= 2)
+        assert all(made < BATCHES // 2 for made in _producer_ends(ends)), _producer_ends(ends)
 
     history = model.fit(ds, epochs=2, verbose=0)
     assert len(history.history["loss"]) == 2
