@@ -223,3 +223,18 @@ def test_strategy_run_over_a_distributed_tfray_dataset():
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     assert sorted(float(step(batch)) for batch in dist) == [4.0 * i for i in range(6)]
+
+
+def test_the_dataset_graph_is_written_and_rebuilt_within_the_process():
+    """What tf.distribute's rewrites do to a dataset across workers: the graph, then a new dataset.
+
+    The second in-process sibling of test_multi_worker's slow cases: a
+    one-device strategy never writes the graph, so this writes it and
+    reads the rebuilt dataset (its source key names the same source).
+    """
+    refs = [ray.put({"x": np.full((4, 3), i, np.float32)}) for i in range(6)]
+    ds = tfray.Dataset(refs)
+    graph = tf.raw_ops.DatasetToGraphV2(input_dataset=ds._variant_tensor)
+    assert b"TfrayDataset" in graph.numpy()
+    rebuilt = tf.data.experimental.from_variant(tf.raw_ops.DatasetFromGraph(graph_def=graph), ds.element_spec)
+    assert [float(b["x"][0, 0]) for b in rebuilt] == [float(i) for i in range(6)]

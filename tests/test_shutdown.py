@@ -133,3 +133,19 @@ def test_new_iterators_after_a_shutdown_or_a_restart_are_unavailable(fresh_ray, 
     rebuilt = tfray.Dataset([ray.put(np.ones(4, np.float32))])  # What the message advises.
     assert [t.numpy().tolist() for t in rebuilt] == [[1, 1, 1, 1]]
 
+
+
+def test_tfrays_own_ray_calls_never_start_a_ray_after_a_shutdown(fresh_ray):
+    """Ray's public get and wait start a new local Ray after ray.shutdown(); tfray's threads must not.
+
+    The deterministic part of the shutdown-under-producers race (whose
+    timing a test cannot force): the calls tfray's threads make raise.
+    """
+    from tfray._internal.runtime import ray_api
+
+    ref = ray.put(1)
+    ray.shutdown()
+    for call in (lambda: ray_api.get(ref, timeout=1), lambda: ray_api.wait([ref], num_returns=1, timeout=0)):
+        with pytest.raises(Exception):
+            call()
+        assert not ray.is_initialized()
