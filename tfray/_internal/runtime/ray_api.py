@@ -30,7 +30,7 @@ wait = _direct(ray.wait)
 get_runtime_context = _direct(ray.get_runtime_context)
 
 
-def poll(refs, timeout, *, fetch_local=True):
+def poll(refs, timeout):
     """Those of ``refs`` (ObjectRefs or streaming generators) ready within ``timeout`` s.
 
     [] if none was; None: no limit. Each poll checks that Ray is up first,
@@ -44,7 +44,7 @@ def poll(refs, timeout, *, fetch_local=True):
     while True:
         if not ray_errors.ray_running():
             raise ray_errors.shutdown_error()
-        ready, _ = wait(refs, num_returns=len(refs), timeout=0, fetch_local=fetch_local)
+        ready, _ = wait(refs, num_returns=len(refs), timeout=0)
         left = None if deadline is None else deadline - time.monotonic()
         if ready or (left is not None and left <= 0):
             return ready
