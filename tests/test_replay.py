@@ -38,12 +38,13 @@ def firsts(ds):
 
 
 def test_a_list_read_again_is_replayed_from_its_third_epoch_and_freed_with_its_dataset():
+    kept_before = lib().replayed_batches()  # Other datasets' (none, unless one lives on).
     ds = tfray.Dataset(batches())
     assert firsts(ds) == list(range(N))
     assert not lib().has_replay(ds._key)  # Read once: nothing kept.
     assert firsts(ds) == list(range(N))
     wait_until(lambda: lib().has_replay(ds._key))
-    assert lib().replayed_batches() == N
+    assert lib().replayed_batches() == kept_before + N
     for _ in range(3):
         assert firsts(ds) == list(range(N))
     assert [float(b[0, 0]) for b in ds.repeat(3)] == list(range(N)) * 3
@@ -53,8 +54,8 @@ def test_a_list_read_again_is_replayed_from_its_third_epoch_and_freed_with_its_d
     key = ds._key
     del ds
     gc.collect()
-    assert not lib().has_replay(key) and lib().replayed_batches() == 0
-    wait_until(lambda: runtime.get().pins.count() == 0)
+    assert not lib().has_replay(key) and lib().replayed_batches() == kept_before
+    wait_until(lambda: runtime.get().pins.count() == kept_before)
 
 
 def test_a_restored_iterator_is_served_from_its_position(tmp_path):
@@ -81,7 +82,6 @@ def test_an_epoch_beyond_the_look_ahead_bounds_is_not_kept(options):
     for _ in range(4):
         assert firsts(ds) == list(range(N))
     assert not lib().has_replay(ds._key)
-    assert lib().replayed_batches() == 0
 
 
 def test_an_epoch_that_needed_copies_is_not_kept():
