@@ -160,6 +160,10 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
     assert blocked.stats()[-1].cancelled and blocked.stats()[-1].batches == 0
     del iterator
     wait_until(lambda: ds.stats()[-1].cancelled)
+    # The blocked epoch's feeder has stopped polling `never` before it is
+    # cancelled: a feeder that sees it fail resolves it, and Ray's calls,
+    # if the module's ray.shutdown() overtakes them, end the process.
+    wait_until(lambda: blocked.stats()[-1].finished)
     ray.cancel(never, force=True)
 
 
