@@ -143,13 +143,7 @@ class Registry(Service):
         reports the shutdown; the dispatcher then drops every replay (_run).
         A Ray whose core worker cannot be asked gets no replays.
         """
-        if not self._session_probe:
-            return False
-        if not self._lib.set_replay(key, recording):
-            return False
-        if not ray_errors.ray_running():  # It ended meanwhile.
-            self._lib.end_session()
-        return True
+        return self._session_probe and self._lib.set_replay(key, recording)
 
     def _offer_next_epoch(self, key):
         """Starts the next epoch of a source that replays, as the last one ends.
