@@ -56,12 +56,26 @@ def start_ray():
     )
 
 
-def _local_ray():
+def shutdown_ray():
+    """``ray.shutdown()`` once tfray's feeders have ended.
+
+    Iterators a test dropped are still winding down on feeder threads (the
+    last Ray objects they drop call into Ray's core worker); a shutdown that
+    overtakes such a call ends the process in Ray (README Limits).
+    """
     if ray.is_initialized():
+        gc.collect()  # Drops the iterators the test left, cancelling their epochs.
+        from tfray._internal.runtime import runtime
+
+        runtime.get().feeders.wait_idle(10)
         ray.shutdown()
+
+
+def _local_ray():
+    shutdown_ray()
     start_ray()
     yield
-    ray.shutdown()
+    shutdown_ray()
 
 
 @pytest.fixture(scope="module")

@@ -29,8 +29,7 @@ STALL_S = 20
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1cpu", "2cpus"])
 def cpus(request):
-    if ray.is_initialized():
-        ray.shutdown()
+    conftest.shutdown_ray()
     ray.init(
         address="local",
         num_cpus=request.param,
@@ -40,7 +39,7 @@ def cpus(request):
         configure_logging=False,
     )
     yield request.param
-    ray.shutdown()
+    conftest.shutdown_ray()
 
 
 def generators(shards, batches=6, offset=0):

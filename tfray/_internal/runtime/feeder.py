@@ -50,6 +50,15 @@ class FeederPool:
         if spawn:
             threading.Thread(target=self._work, name="tfray-feeder", daemon=True).start()
 
+    def wait_idle(self, timeout):
+        """Waits up to ``timeout`` s for every running feeder to end; True if none runs."""
+        with self._lock:
+            feeders = list(self._live)
+        for feeder in feeders:
+            feeder.done.wait(timeout)
+        with self._lock:
+            return not self._live
+
     def stop(self, timeout):
         """Cancels every running feeder's channel, waits for them, and starts no more."""
         with self._lock:
