@@ -46,10 +46,11 @@ def ids(ds):
 
 
 def test_deterministic_round_robin_is_the_same_every_epoch():
-    """deterministic=True interleaves running shards in turn, every epoch alike."""
+    """deterministic=True interleaves running shards in turn, a bundle at a time, every epoch alike."""
     ds = tfray.Dataset.from_generators(counting(4), 2, deterministic=True)
     first = ids(ds)
-    assert first == [0, 100, 1, 101, 2, 102, 3, 103]
+    # Each producer's bundles hold 1, 2, 4, ... batches (producer.py).
+    assert first == [0, 100, 1, 2, 101, 102, 3, 103]
     assert ids(ds) == first
     assert ids(ds) == first
 
@@ -80,7 +81,7 @@ def late_first_shard():
 def test_deterministic_none_follows_tf_data_options():
     """deterministic=None follows tf.data.Options().deterministic, after an injected prefetch too."""
     ds = tfray.Dataset.from_generators(late_first_shard(), 2)
-    round_robin = [0, 100, 1, 101, 2, 102]
+    round_robin = [0, 100, 1, 2, 101, 102]  # A bundle at a time: 1, then 2 batches.
     assert ids(ds) == round_robin  # No option set: deterministic.
     options = tf.data.Options()
     options.deterministic = True
@@ -143,7 +144,9 @@ def test_killed_producer_is_retried_and_each_batch_arrives_once(tmp_path):
 
     spec = {"x": tf.TensorSpec([None, 3], tf.int64)}
     ds = tfray.Dataset.from_generators(gen, 2, element_spec=spec, deterministic=True)
-    assert ids(ds) == [0, 100, 1, 101, 2, 102, 3, 103, 4, 104, 5, 105]
+    # Bundles of 1, 2 and 3 batches: shard 1 died making its third, which
+    # its retry makes again, the first two skipped.
+    assert ids(ds) == [0, 100, 1, 2, 101, 102, 3, 4, 5, 103, 104, 105]
     assert os.path.exists(marker)  # It did die.
 
 

@@ -29,6 +29,7 @@ import ray
 from tfray._internal.distribute import coordinator
 from tfray._internal.runtime.resolver import RefResolver
 from tfray._internal.runtime.status import BatchError, Code
+from tfray._internal.runtime.streams import Bundle, batches_in, unbundle
 from tfray._internal.sources import UNKNOWN_CARDINALITY, Source
 
 # A coordinator no worker has called for this long ends itself.
@@ -183,8 +184,9 @@ class DynamicEpoch:
         self._units = units
         self._resolver = RefResolver(units, lookahead=lookahead)
         self._taken_now = taken
-        self._handed = collections.deque()  # Labels of items handed on, in order.
-        self._taken = 0  # Of those, how many TensorFlow took.
+        # (label, items) of the refs handed on and not yet all taken, in order.
+        self._handed = collections.deque()
+        self._taken = 0  # Items TensorFlow took so far.
 
     @property
     def lookahead(self):
@@ -197,8 +199,14 @@ class DynamicEpoch:
     def next_ready(self, timeout):
         self._note_taken()
         items = self._resolver.next_ready(timeout)
-        self._handed.extend(label for label, _, _ in items or ())
-        return items
+        if not items:
+            return items
+        if not isinstance(items[0][0], Bundle):
+            self._handed.extend((label, 1) for label, _, _ in items)
+            return items
+        # A unit's ref is taken once TF took every batch of its bundle.
+        self._handed.extend((label, batches_in(label, value)) for label, value, _ in items)
+        return unbundle(items)
 
     def close(self):
         self._note_taken()
@@ -206,6 +214,13 @@ class DynamicEpoch:
 
     def _note_taken(self):
         taken = self._taken_now()
-        labels = [self._handed.popleft() for _ in range(taken - self._taken)]
-        self._taken = taken
+        count, self._taken = taken - self._taken, taken
+        labels = []
+        while count:
+            label, left = self._handed[0]
+            if count < left:
+                self._handed[0] = (label, left - count)
+                break
+            count -= left
+            labels.append(self._handed.popleft()[0])
         self._units.taken_by_tf(labels)

@@ -3,11 +3,14 @@
 Up to a look-ahead's ``limit`` of refs wait in a window; each call hands back the longest
 run of resolved refs at the window's head (one ``ray.wait`` and one
 ``ray.get`` for many batches, so the GIL is taken per window, not per batch).
+Over producers' bundles (streams.py), the look-ahead still counts batches:
+a ref stands for as many as the bundles resolved so far held, on average.
 """
 
 import collections
 
 from tfray._internal.runtime import ray_api, ray_errors
+from tfray._internal.runtime.streams import Bundle, batches_in
 
 
 class RefResolver:
@@ -15,14 +18,15 @@ class RefResolver:
 
     Args:
         refs: a RefStream (streams.py).
-        lookahead: a LookAhead; its ``limit`` bounds the refs taken but not
-            yet handed on.
+        lookahead: a LookAhead; its ``limit`` bounds the batches of the refs
+            taken but not yet handed on.
     """
 
     def __init__(self, refs, *, lookahead):
         self._refs = refs
         self.lookahead = lookahead
         self._window = collections.deque()  # (label, ref); feeder thread only.
+        self._per_ref = 1.0  # Batches a ref stands for, on average.
 
     @property
     def in_flight(self):
@@ -32,13 +36,20 @@ class RefResolver:
         """Resolved ``(label, value, error)`` items, [] if none yet, None at the end."""
         if not ray_errors.ray_running():
             raise ray_errors.shutdown_error()
-        room = self.lookahead.limit - len(self._window)
+        room = self.lookahead.limit - len(self._window) * self._per_ref
         if room > 0 and not self._refs.done:
-            self._window.extend(self._refs.take(room, 0 if self._window else timeout))
+            wanted = max(1, int(room / self._per_ref))
+            self._window.extend(self._refs.take(wanted, 0 if self._window else timeout))
         if not self._window:
             return None if self._refs.done else []
         ready = self._ready_prefix(timeout)
-        return self._resolve(ready) if ready else []
+        if not ready:
+            return []
+        items = self._resolve(ready)
+        if isinstance(items[0][0], Bundle):  # A stream's refs are all bundles, or none.
+            batches = sum(batches_in(label, value) for label, value, _ in items)
+            self._per_ref += 0.5 * (batches / len(items) - self._per_ref)
+        return items
 
     def close(self):
         self._window.clear()

@@ -1,9 +1,10 @@
 """``from_generators``: its source, and its producers, one streaming-generator Ray task per shard.
 
-Each shard's generator runs as a Ray task whose yields go straight into the
-object store. Ray pauses a generator once ``max_inflight_per_producer`` of its
-batches wait unconsumed (``_generator_backpressure_num_objects``), so a slow
-trainer stalls the producers instead of filling the store.
+Each shard's generator runs as a Ray task whose batches go straight into the
+object store, in bundles of consecutive batches (producer.py). Ray pauses a
+generator once ``max_inflight_per_producer`` of its bundles wait unconsumed
+(``_generator_backpressure_num_objects``), so a slow trainer stalls the
+producers instead of filling the store.
 
 At most ``concurrency`` shards of an epoch run at once, the rest start as
 running ones finish. Round-robin over more shards than the cluster can run
@@ -31,7 +32,7 @@ from ray import cloudpickle
 from tfray._internal.runtime import ray_api, ray_errors, spec
 from tfray._internal.runtime.lookahead import START, LookAhead
 from tfray._internal.runtime.resolver import RefResolver
-from tfray._internal.runtime.streams import Wrapped
+from tfray._internal.runtime.streams import Bundle, Shard, Unbundled, Wrapped
 from tfray._internal.sources import producer, resume, stops
 from tfray._internal.sources.base import Source, default_budget, positive_int
 
@@ -155,7 +156,9 @@ class GeneratorShards:
     so the order is the same every epoch for deterministic generators on the
     same cluster; else whichever batch is ready first.
 
-    ``shard_numbers`` label each shard's batches (default 0, 1, ...).
+    ``shard_numbers`` label each shard's batches (default 0, 1, ...). Its
+    refs are bundles (streams.py): ``deterministic`` takes turns a bundle at
+    a time.
     """
 
     def __init__(
@@ -168,7 +171,7 @@ class GeneratorShards:
         self._shards = list(shards)
         self._numbers = list(range(len(self._shards)) if shard_numbers is None else shard_numbers)
         self._next_shard = 0  # The next shard to start.
-        self._taken = {}  # Shard index -> batches taken from it.
+        self._labels = {}  # Shard index -> its Shard, which labels its batches.
         self._running = []  # (shard index, generator), in rotation order.
         self._turn = 0  # Index into _running of the next round-robin shard.
         self.deterministic = True
@@ -181,7 +184,7 @@ class GeneratorShards:
         self.done = not self._running
 
     def take(self, n, timeout):
-        """Up to n ``(label, ref)`` pairs; waits at most ``timeout`` for the first."""
+        """Up to n ``(Bundle, ref)`` pairs; waits at most ``timeout`` for the first."""
         out = []
         while len(out) < n and self._running:
             position = self._next_ready(timeout if not out else 0)
@@ -194,8 +197,7 @@ class GeneratorShards:
             except StopIteration:
                 self._replace(position)
                 continue
-            out.append((f"shard {self._numbers[shard]} batch {self._taken[shard]}", ref))
-            self._taken[shard] += 1
+            out.append((Bundle(self._labels[shard]), ref))
             if self.deterministic:
                 self._turn = (position + 1) % len(self._running)
         self.done = not self._running
@@ -233,7 +235,7 @@ class GeneratorShards:
     def _start_next(self):
         shard = self._next_shard
         self._next_shard += 1
-        self._taken[shard] = 0
+        self._labels[shard] = Shard(self._numbers[shard])
         return shard, self._runner.remote(self._fn, self._shards[shard], self._board, self._token)
 
     def _replace(self, position):
@@ -271,7 +273,7 @@ def _reserves_resources(ray_remote_args):
 def _spec_of(first):
     label, ref = first
     try:
-        return spec.infer(ray.get(ref))
+        return spec.infer(ray.get(ref)[0])  # The bundle's first batch.
     except ray.exceptions.RayTaskError as e:
         raise ValueError(f"from_generators: {label} raised while inferring element_spec: {e}") from e
 
@@ -322,9 +324,11 @@ class GeneratorSource(Source):
         self._per_producer = positive_int("max_inflight_per_producer", max_inflight_per_producer)
         self._deterministic = deterministic
         self._ray_remote_args = ray_remote_args
-        # The most batches resolved ahead: as many per running producer as
-        # each may have waiting in Ray.
-        self._window = self._per_producer * concurrency(len(self._shards), ray_remote_args)
+        # The most batches resolved ahead: as many bundles per running
+        # producer as each may have waiting in Ray.
+        self._window = (
+            self._per_producer * producer.BUNDLE_BATCHES * concurrency(len(self._shards), ray_remote_args)
+        )
         # Without element_spec, it is learned when first asked for: by then a
         # worker's share is known, and only the share's producers run.
         super().__init__(element_spec, capacity=self._window)
@@ -429,14 +433,18 @@ class GeneratorSource(Source):
             early = None
         shards = early or self._start()
         shards.deterministic = deterministic if self._deterministic is None else self._deterministic
+        epoch = Unbundled(RefResolver(shards, lookahead=self.lookahead()))
         if skip:
             if not shards.deterministic:
                 resume.warn_inexact("from_generators", skip, "its shards interleave first-ready (deterministic=False)")
-            shards = resume.SkippedRefs(shards, skip)
-        # Starts small and grows only while TF waits, within the window and
-        # a quarter of the store, as from_refs' does: what an epoch pins
-        # ahead stays bounded whatever the batches' size.
-        lookahead = LookAhead(
-            budget_bytes=default_budget(), start=min(START, self._window), cap=self._window
-        )
-        return RefResolver(shards, lookahead=lookahead)
+            # A bundle's batches are counted once it is read.
+            epoch = resume.SkippedItems(epoch, skip)
+        return epoch
+
+    def lookahead(self):
+        """Adaptive, as from_refs' is, within the window and a quarter of the store.
+
+        It starts small and grows only while TF waits: what an epoch pins
+        ahead stays bounded whatever the batches' size.
+        """
+        return LookAhead(budget_bytes=default_budget(), start=min(START, self._window), cap=self._window)

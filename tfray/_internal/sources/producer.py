@@ -3,6 +3,17 @@
 It imports nothing at module level and is pickled by value (see
 generators.py), so a producer process never imports tfray, and with it
 TensorFlow.
+
+A producer yields its batches in bundles: each object it puts in the store
+is a list of consecutive batches. Every object costs Ray a round of work in
+the producer and in the trainer (its report, ``next``, ``ray.get``: about
+half a millisecond), which small batches would pay one by one. A bundle
+holds at most ``BUNDLE_BATCHES`` batches and ``BUNDLE_BYTES`` (a batch
+bigger than that travels alone, as one); the first of an epoch holds one
+batch and each next twice as many, so the first batches are not held back.
+Where bundles close depends on the batches alone, never on timing, so a
+deterministic generator's bundles are the same every epoch (Ray's retry of
+a producer relies on that too: it skips the objects already delivered).
 """
 
 import time
@@ -13,6 +24,18 @@ _STOP_CHECK_S = 0.05
 # producer asks at once when it resumes, which is when a stopping trainer
 # resumes it.
 _PAUSE_S = 0.002
+# A bundle's bounds (see above).
+BUNDLE_BATCHES = 64
+BUNDLE_BYTES = 1 << 20
+
+
+def _nbytes(batch):
+    """The bytes of a batch's arrays (a dict, tuple or list of them, nested, or one)."""
+    if isinstance(batch, dict):
+        return sum(_nbytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(_nbytes(v) for v in batch)
+    return getattr(batch, "nbytes", 0)
 
 
 class _StopCheck:
@@ -44,6 +67,38 @@ class _StopCheck:
             return False
 
 
+def _bundles(batches, stop):
+    """The bundles of ``batches`` (see above), until they end or ``stop`` is requested."""
+    bundle, nbytes, most = [], 0, 1
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            break
+        except Exception:
+            if bundle:  # Its batches came before the error: they go first.
+                yield bundle
+            raise
+        size = _nbytes(batch)
+        paused = False
+        if bundle and nbytes + size > BUNDLE_BYTES:  # It would pass the bound: it goes alone.
+            before = time.monotonic()
+            yield bundle
+            paused = time.monotonic() - before > _PAUSE_S
+            bundle, nbytes, most = [], 0, min(2 * most, BUNDLE_BATCHES)
+        bundle.append(batch)
+        nbytes += size
+        if len(bundle) >= most or nbytes >= BUNDLE_BYTES:
+            before = time.monotonic()
+            yield bundle
+            paused = paused or time.monotonic() - before > _PAUSE_S
+            bundle, nbytes, most = [], 0, min(2 * most, BUNDLE_BATCHES)
+        if stop.requested(paused=paused):  # Asked after every batch: one may take long.
+            return
+    if bundle:
+        yield bundle
+
+
 def run_shard(fn, shard, board, token):
     batches = fn(shard)
     if not hasattr(batches, "__next__"):  # A function that returned a batch, or a list.
@@ -53,13 +108,8 @@ def run_shard(fn, shard, board, token):
             f"each producer yields its shard's batches one at a time; fn({shard!r}) "
             f"returned a {type(batches).__name__}."
         )
-    stop = _StopCheck(board, token)
     try:
-        for batch in batches:
-            before = time.monotonic()
-            yield batch
-            if stop.requested(paused=time.monotonic() - before > _PAUSE_S):
-                return
+        yield from _bundles(batches, _StopCheck(board, token))
     finally:
         close = getattr(batches, "close", None)
         if close is not None:  # Runs the generator's own finally blocks now.

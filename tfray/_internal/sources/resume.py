@@ -2,10 +2,11 @@
 
 A restored TF iterator asks its source for the epoch again, with the number
 of items (batches, or per-batch errors) it had already handed out. Sources
-pass over that many: a list of refs by slicing (nothing is resolved), a
-producer stream by dropping refs unresolved, a Ray Data stream by dropping
-batches after they are read. The result is exact when the epoch yields the
-same items in the same order each time it is run.
+pass over that many: a list of refs by slicing (nothing is resolved),
+producers' and Ray Data's streams by dropping batches after they are read
+(a producer's bundle of batches is counted once it is read). The result is
+exact when the epoch yields the same items in the same order each time it
+is run.
 """
 
 import logging
@@ -13,22 +14,6 @@ import logging
 from tfray._internal.runtime.streams import Wrapped
 
 logger = logging.getLogger("tfray")
-
-
-class SkippedRefs(Wrapped):
-    """A RefStream whose first ``skip`` refs are dropped unread."""
-
-    def __init__(self, stream, skip):
-        super().__init__(stream)
-        self._skip = skip
-
-    def take(self, n, timeout):
-        while self._skip:
-            dropped = self._stream.take(self._skip, timeout)
-            if not dropped:
-                return []  # None ready yet, or the stream ended early.
-            self._skip -= len(dropped)
-        return self._stream.take(n, timeout)
 
 
 class SkippedItems(Wrapped):
