@@ -3,9 +3,17 @@
 Run as a script (by test_per_window.py): a profiler set before tfray starts
 any thread sees every call on tfray's threads (dispatcher, feeders, release
 thread). Prints one JSON line: batches read, calls into tfray's own modules
-and into Ray's, and the windows the feeder pushed.
+and into Ray's, the windows the feeder pushed and, for ``from_generators``,
+the producers' bundles it read.
+
+    python python_calls.py BATCHES WINDOW ROWS [refs|generators]
+
+``refs``: a list of BATCHES refs, ``max_inflight=WINDOW``; ``generators``:
+two producers yielding BATCHES between them, ``max_inflight_per_producer=WINDOW``.
+Each batch is ROWS x 256 float32.
 """
 
+import functools
 import json
 import os
 import sys
@@ -21,8 +29,17 @@ TFRAY = os.path.dirname(tfray.__file__)
 RAY = os.path.dirname(ray.__file__)
 # tfray: calls into tfray's modules, but for a poll's own (polls: per
 # wait, however long Ray takes); rounds: the feeder's turns (next_ready),
-# windows: those that pushed batches (_deliver).
-counts = {"tfray": 0, "polls": 0, "rounds": 0, "windows": 0, "ray": 0}
+# windows: those that pushed batches (_deliver), bundles: producers'
+# bundles handed on; ray: calls into Ray's modules, but for those a poll
+# makes (ray_in_polls).
+counts = {"tfray": 0, "polls": 0, "rounds": 0, "windows": 0, "bundles": 0, "ray": 0, "ray_in_polls": 0}
+
+
+def _in_poll(frame):
+    """Whether tfray's nearest frame below ``frame`` (a call into Ray) is a poll."""
+    while frame is not None and not frame.f_code.co_filename.startswith(TFRAY):
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_name == "poll"
 
 
 def profile(frame, event, arg):
@@ -38,16 +55,32 @@ def profile(frame, event, arg):
         name = frame.f_code.co_name
         if name == "_deliver":
             counts["windows"] += 1
-        elif name == "next_ready":
+        elif name == "next_ready" and filename.endswith("resolver.py"):
             counts["rounds"] += 1
+        elif name == "labels" and filename.endswith("streams.py"):
+            counts["bundles"] += 1
     elif filename.startswith(RAY):
-        counts["ray"] += 1
+        counts["ray_in_polls" if _in_poll(frame.f_back) else "ray"] += 1
 
 
-def main(batches, window, rows):
+def produce(shard, batches, rows):
+    made = [np.full((rows, 256), shard + 2 * i, np.float32) for i in range(batches)]
+    yield from made  # Made before the first yield: the epoch times delivery alone.
+
+
+def main(batches, window, rows, source="refs"):
+    batches, window, rows = int(batches), int(window), int(rows)
     ray.init(num_cpus=1, object_store_memory=200 << 20, include_dashboard=False)
-    refs = [ray.put(np.full((rows, 256), i, np.float32)) for i in range(batches)]
-    ds = tfray.Dataset(refs, max_inflight=window)
+    if source == "refs":
+        refs = [ray.put(np.full((rows, 256), i, np.float32)) for i in range(batches)]
+        ds = tfray.Dataset(refs, max_inflight=window)
+    else:
+        ds = tfray.Dataset.from_generators(
+            functools.partial(produce, batches=batches // 2, rows=rows),
+            2,
+            max_inflight_per_producer=window,
+            element_spec=tf.TensorSpec((rows, 256), tf.float32),
+        )
 
     @tf.function
     def total(ds):
@@ -63,4 +96,4 @@ def main(batches, window, rows):
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:]))
+    main(*sys.argv[1:])

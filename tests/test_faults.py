@@ -152,6 +152,9 @@ def _generated_batches(ends):
     """make_batch's batches from 2 shards (made in a function: pickled by value).
 
     A producer that returns appends to the file ``ends`` how many it made.
+    Each batch carries 1 MB the model never reads, so that each travels
+    alone (producer.py bundles smaller ones): else a whole shard is made in
+    a few bundles before fit has even traced its step.
     """
 
     def shard_batches(shard):
@@ -160,7 +163,7 @@ def _generated_batches(ends):
             for i in range(shard, BATCHES, 2):
                 rng = np.random.default_rng(i)
                 x = rng.normal(size=(ROWS, FEATURES)).astype(np.float32)
-                yield {"x": x, "y": (x.sum(axis=1) > 0).astype(np.int32)}
+                yield {"x": x, "y": (x.sum(axis=1) > 0).astype(np.int32), "pad": np.zeros(1 << 20, np.uint8)}
                 made += 1
         finally:
             with open(ends, "a") as f:
@@ -172,7 +175,11 @@ def _generated_batches(ends):
 def _interruptible_source(kind, ends):
     if kind == "refs":
         return tfray.Dataset([make_batch.remote(i) for i in range(BATCHES)], max_inflight=4)
-    spec = {"x": tf.TensorSpec([None, FEATURES], tf.float32), "y": tf.TensorSpec([None], tf.int32)}
+    spec = {
+        "x": tf.TensorSpec([None, FEATURES], tf.float32),
+        "y": tf.TensorSpec([None], tf.int32),
+        "pad": tf.TensorSpec([1 << 20], tf.uint8),
+    }
     return tfray.Dataset.from_generators(_generated_batches(ends), 2, element_spec=spec, max_inflight_per_producer=2)
 
 

@@ -131,6 +131,21 @@ def test_producer_exception_names_shard_type_message_and_traceback():
     assert "in gen" in message  # The producer's traceback.
 
 
+def test_a_producer_error_comes_after_every_batch_it_made_before():
+    """Batches bundled with the one before a raise still arrive, then the error, labelled by batch."""
+
+    def gen(shard):
+        for i in range(6):
+            yield {"x": np.full((1, 3), i, np.int64)}
+        raise KeyError("no such record")
+
+    it = iter(tfray.Dataset.from_generators(gen, 1))
+    # Bundles of 1, 2, then 3 cut short by the raise.
+    assert [int(next(it)["x"][0, 0]) for _ in range(6)] == [0, 1, 2, 3, 4, 5]
+    with pytest.raises(tf.errors.UnknownError, match="shard 0 batch 6: .*KeyError.*no such record"):
+        next(it)
+
+
 def test_killed_producer_is_retried_and_each_batch_arrives_once(tmp_path):
     """A producer whose process dies is retried by Ray: no loss, no duplicate."""
     marker = str(tmp_path / "died")

@@ -6,6 +6,11 @@ that it sees the threads start). Were any of tfray's Python to run per batch
 (a spec check, a pin, an entry built per batch), the calls would grow with
 the batches; they grow with the windows. Ray's own calls (its
 deserialization in ray.get, per object) are reported beside them.
+
+``from_generators`` producers put their batches in the store in bundles
+(sources/producer.py): there tfray's calls grow with the windows and the
+bundles, and so do Ray's (a streaming generator's ``next`` and ``ray.get``
+per object), but for the one call Ray makes per array it deserializes.
 """
 
 import json
@@ -24,11 +29,13 @@ CALLS_PER_WINDOW = 20
 # on how long Ray takes, not on the batches); a poll's own calls are
 # counted apart.
 CALLS_PER_IDLE_ROUND = 10
+# Per bundle: its turn at the producers' streams, its label, its batches'.
+CALLS_PER_BUNDLE = 15
 
 
-def count(batches, window, rows):
+def count(batches, window, rows, source="refs"):
     out = subprocess.run(
-        [sys.executable, SCRIPT, str(batches), str(window), str(rows)],
+        [sys.executable, SCRIPT, str(batches), str(window), str(rows), source],
         capture_output=True,
         text=True,
         timeout=200,
@@ -52,3 +59,29 @@ def test_tfray_python_runs_per_window_not_per_batch(rows, where):
     assert got["windows"] < got["batches"] / 8, got  # Windows of many batches.
     idle_rounds = got["rounds"] - got["windows"]
     assert got["tfray"] <= CALLS_PER_WINDOW * got["windows"] + CALLS_PER_IDLE_ROUND * idle_rounds + 20, got
+
+
+def test_from_generators_python_runs_per_bundle_not_per_batch():
+    got = count(batches=3200, window=16, rows=16, source="generators")
+    per_batch = {k: round(got[k] / got["batches"], 3) for k in ("tfray", "ray")}
+    print(
+        f"from_generators (16 KB): {got['batches']} batches in {got['bundles']} bundles, "
+        f"{got['windows']} windows; calls into tfray {got['tfray']} ({per_batch['tfray']} a "
+        f"batch), into Ray {got['ray']} ({per_batch['ray']} a batch); {got['rounds']} turns of "
+        f"the feeder, {got['polls']} calls in polls ({got['ray_in_polls']} into Ray)"
+    )
+    assert got["batches"] == 3200 and got["copied"] == 0
+    # Bundles of up to 64 batches: 1, 2, 4, ... 32 then 64s, per producer.
+    assert 0 < got["bundles"] <= 2 * (6 + 1600 // 64 + 1), got
+    idle_rounds = got["rounds"] - got["windows"]
+    assert (
+        got["tfray"]
+        <= CALLS_PER_WINDOW * got["windows"]
+        + CALLS_PER_BUNDLE * got["bundles"]
+        + CALLS_PER_IDLE_ROUND * idle_rounds
+        + 20
+    ), got
+    # Ray's (but in polls, which follow how long Ray takes): one call per
+    # batch (each array it deserializes), the rest per bundle or window; an
+    # object per batch cost about 45 calls a batch.
+    assert got["ray"] <= got["batches"] + 80 * got["bundles"] + 30 * got["rounds"], got

@@ -1,4 +1,4 @@
-"""Pure unit tests, no Ray: the look-ahead, the coordinator's leases, the epoch offer.
+"""Pure unit tests, no Ray: the look-ahead, the coordinator's leases, the epoch offer, bundles.
 
 They pin down the rules those pieces follow, so a change to one shows here
 first, without a cluster.
@@ -8,12 +8,15 @@ import asyncio
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from tfray._internal.distribute import coordinator
 from tfray._internal.runtime import lookahead as lookahead_lib
 from tfray._internal.runtime import ray_errors
 from tfray._internal.runtime.lookahead import LookAhead
+from tfray._internal.runtime.streams import Bundle, Shard
+from tfray._internal.sources import producer
 from tfray._internal.sources.base import Source
 
 pytestmark = pytest.mark.timeout(30)
@@ -329,3 +332,87 @@ def test_dynamic_epoch_counts_errors_in_their_places(monkeypatch):
     taken[0] = 3
     epoch.close()
     assert units.taken == ["a", "b", "c"]
+
+
+def test_dynamic_epoch_counts_a_bundle_taken_once_tf_took_all_its_batches(monkeypatch):
+    """A producer's bundle is one ref of its unit: finished only once TF took its last batch."""
+    from tfray._internal.distribute import dynamic
+
+    monkeypatch.setattr(dynamic, "RefResolver", ScriptedResolver)
+    units = RecordingUnits()
+    taken = [0]
+    epoch = dynamic.DynamicEpoch(units, None, lambda: taken[0])
+    shard = Shard(3)
+    first, second = Bundle(shard), Bundle(shard)
+    epoch._resolver.reads = [[(first, [10, 11, 12], None), (second, [13], None)], []]
+    assert epoch.next_ready(0) == [
+        ("shard 3 batch 0", 10, None),
+        ("shard 3 batch 1", 11, None),
+        ("shard 3 batch 2", 12, None),
+        ("shard 3 batch 3", 13, None),
+    ]
+    taken[0] = 2
+    epoch.next_ready(0)
+    assert units.taken == []  # One batch of the first bundle is still to be taken.
+    taken[0] = 4
+    epoch.close()
+    assert units.taken == [first, second]
+
+
+# A producer's bundles.
+
+
+class NeverStopped:
+    def __init__(self, after=None):
+        self.asked = 0
+        self._after = after
+
+    def requested(self, paused=False):
+        self.asked += 1
+        return self._after is not None and self.asked >= self._after
+
+
+def sizes(bundles):
+    return [len(bundle) for bundle in bundles]
+
+
+def test_bundles_double_from_one_up_to_their_batch_bound():
+    """The first batch goes alone, so an epoch starts at once; then 2, 4, ... up to 64."""
+    small = np.zeros(4, np.float32)
+    got = list(producer._bundles(iter([small] * 300), NeverStopped()))
+    assert sizes(got) == [1, 2, 4, 8, 16, 32, 64, 64, 64, 45]
+    assert all(batch is small for bundle in got for batch in bundle)  # Bundled, not copied.
+
+
+def test_a_bundle_never_passes_its_byte_bound_but_a_bigger_batch_goes_alone():
+    quarter = np.zeros(producer.BUNDLE_BYTES // 4, np.uint8)
+    big = np.zeros(producer.BUNDLE_BYTES + 1, np.uint8)
+    three_quarters = {"x": quarter, "y": (quarter, quarter)}
+    batches = [quarter] * 3 + [three_quarters] * 2 + [quarter] * 4 + [big, quarter]
+    got = list(producer._bundles(iter(batches), NeverStopped()))
+    # 1, 2, then the byte bound closes them: three quarters alone (three
+    # more would pass it), three and one, three before big, big alone.
+    assert sizes(got) == [1, 2, 1, 2, 3, 1, 1]
+    assert [sum(producer._nbytes(b) for b in bundle) for bundle in got] == [
+        q * producer.BUNDLE_BYTES // 4 for q in (1, 2, 3, 4, 3)
+    ] + [big.nbytes, producer.BUNDLE_BYTES // 4]
+
+
+def test_a_generator_error_comes_after_the_batches_made_before_it():
+    def gen():
+        for i in range(5):
+            yield i
+        raise KeyError("no such record")
+
+    bundles = producer._bundles(gen(), NeverStopped())
+    assert [next(bundles), next(bundles), next(bundles)] == [[0], [1, 2], [3, 4]]
+    with pytest.raises(KeyError, match="no such record"):
+        next(bundles)
+
+
+def test_a_stop_is_asked_after_every_batch_not_every_bundle():
+    """A producer of slow batches stops at its next batch, not at the end of a bundle."""
+    stop = NeverStopped(after=5)
+    got = list(producer._bundles(iter(range(100)), stop))
+    assert stop.asked == 5
+    assert sizes(got) == [1, 2]  # The batches of the bundle it was filling are dropped.
