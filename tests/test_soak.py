@@ -116,6 +116,7 @@ class Soak:
         self.gen_ds = tfray.Dataset.from_generators(generator(), SHARDS, deterministic=True)
         self.batches = 0
         self.inline_batches = 0  # New batches read into this process's heap.
+        self.gen_order = None  # The values of gen_ds's epoch, in order.
 
     def cycle(self, n):
         """One round of every way to read; ``n`` varies where iterators are dropped."""
@@ -124,7 +125,12 @@ class Soak:
         self.batches += REFS
         self._drop_after(self.refs_ds, 1 + n % (REFS - 1))
         got = [int(b["x"][0, 0]) for b in self.gen_ds]
-        assert got == [s * 100 + j for j in range(PER_SHARD) for s in range(SHARDS)]
+        # Round-robin a bundle at a time (deterministic): each shard's in order,
+        # the same order every epoch.
+        for shard in range(SHARDS):
+            assert [v for v in got if v // 100 == shard] == [shard * 100 + j for j in range(PER_SHARD)]
+        assert got == (self.gen_order or got)
+        self.gen_order = got
         self.batches += SHARDS * PER_SHARD
         self.inline_batches += PER_SHARD
         self._drop_after(self.gen_ds, 1 + n % (SHARDS * PER_SHARD - 1))
@@ -137,7 +143,7 @@ class Soak:
             next(it)
         self.batches += k
         if ds is self.gen_ds:
-            self.inline_batches += (k + 1) // 2  # Shard 0's, round-robin first.
+            self.inline_batches += sum(v // 100 == 0 for v in self.gen_order[:k])  # Shard 0's.
         del it
 
     def settle(self):

@@ -184,14 +184,16 @@ class Dataset(dataset_ops.DatasetSource):
             element_spec: see :class:`Dataset`. When None, the first epoch's
                 producers start at construction and the first batch gives the
                 spec; that running epoch serves the first iterator.
-            max_inflight_per_producer: batches a producer may have waiting in
+            max_inflight_per_producer: bundles a producer may have waiting in
                 the object store before it pauses (Ray's generator
-                backpressure). tfray also resolves up to this many per producer
-                ahead of the consumer.
-            deterministic: True interleaves shards round-robin (the same order
-                every epoch for deterministic generators); False takes
-                whichever batch is ready first; None follows
-                ``tf.data.Options().deterministic`` (default True).
+                backpressure). A producer puts consecutive batches in the store
+                together, 1, 2, 4, ... up to 64 in a bundle and at most 1 MB (a
+                bigger batch travels alone). tfray also resolves up to this
+                many bundles per producer ahead of the consumer.
+            deterministic: True interleaves shards round-robin, a bundle at a
+                time (the same order every epoch for deterministic
+                generators); False takes whichever bundle is ready first;
+                None follows ``tf.data.Options().deterministic`` (default True).
             ray_remote_args: options for the producer tasks, e.g.
                 ``{"num_cpus": 1, "max_retries": 3}``.
             sharding: see :class:`Dataset`; a worker's share is its shards

@@ -78,9 +78,15 @@ class RefResolver:
             return [(label, value, None) for (label, _), value in zip(ready, ray_api.get(refs))]
         except Exception:  # Find out which ones failed, and why.
             out = []
+            ahead = {}  # Shard -> batches of its bundles before this ref, not yet handed on.
             for label, ref in ready:
                 try:
-                    out.append((label, ray_api.get(ref), None))
+                    value = ray_api.get(ref)
                 except Exception as e:  # noqa: PERF203
-                    out.append((label, None, ray_errors.translate(e, label)))
+                    where = label.first(ahead.get(label.shard, 0)) if isinstance(label, Bundle) else label
+                    out.append((label, None, ray_errors.translate(e, where)))
+                    continue
+                out.append((label, value, None))
+                if isinstance(label, Bundle):
+                    ahead[label.shard] = ahead.get(label.shard, 0) + len(value)
             return out

@@ -16,6 +16,7 @@ import ray
 from tfray._internal.runtime.lookahead import LookAhead
 from tfray._internal.runtime.status import BatchError
 
+
 class Shard:
     """A producer's shard: its number, and the batches of it handed on so far."""
 
@@ -39,8 +40,12 @@ class Bundle:
     def __init__(self, shard):
         self.shard = shard
 
+    def first(self, after=0):
+        """The label of its first batch, with ``after`` of the shard's batches ahead of it not yet handed on."""
+        return f"shard {self.shard.number} batch {self.shard.handed + after}"
+
     def __str__(self):
-        return f"shard {self.shard.number} batch {self.shard.handed}"
+        return self.first()
 
 
 # (label, ref): label says where the batch is, for messages ("shard 3 batch 7"),

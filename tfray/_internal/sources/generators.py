@@ -154,7 +154,7 @@ class GeneratorShards:
     ``deterministic`` (set before the first ``take``): round-robin over the
     running shards, a shard that ends replaced in its place by the next one,
     so the order is the same every epoch for deterministic generators on the
-    same cluster; else whichever batch is ready first.
+    same cluster; else whichever bundle is ready first.
 
     ``shard_numbers`` label each shard's batches (default 0, 1, ...). Its
     refs are bundles (streams.py): ``deterministic`` takes turns a bundle at
