@@ -202,13 +202,13 @@ def test_a_producer_whose_process_keeps_dying_is_retried_three_times(tmp_path):
 
 
 def test_backpressure_bounds_the_store_while_the_consumer_sleeps():
-    """Producers pause: the store holds a bounded number of batches, not all."""
+    """Producers pause: the store holds a bounded number of bundles, not all batches."""
     wait_until(lambda: store_bytes_used() == 0)
-    shards, per_producer, batches = 2, 2, 40  # 80 MB if unbounded.
+    shards, per_producer, batches = 2, 2, 100  # 200 MB if unbounded, more than the store.
 
     def gen(shard):
         for i in range(batches):
-            yield np.full(MB // 8, shard * 100 + i, np.float64)  # 1 MB
+            yield np.full(MB // 8, shard * 100_000 + i, np.float64)  # 1 MB: 4 to a full bundle.
 
     # With the spec given, no producer runs to learn it: the store holds
     # this epoch's batches alone.
@@ -221,18 +221,18 @@ def test_backpressure_bounds_the_store_while_the_consumer_sleeps():
     )
     it = iter(without_prefetch(ds))
     next(it)
-    import time
 
     peak = 0
     for _ in range(30):  # The consumer "sleeps" 3 s, watching the store.
         time.sleep(0.1)
         peak = max(peak, store_bytes_used())
     # Ray's generator backpressure per producer, tfray's window, its channel
-    # (same size) and the batch TF holds; generous for bookkeeping.
-    bound = (shards * per_producer * 3 + 2) * MB
+    # (same size) and the batch TF holds, each a bundle at most; generous for
+    # bookkeeping.
+    bound = (shards * per_producer * 3 + 2) * generators.producer.BUNDLE_BYTES
     assert peak <= bound, f"store peaked at {peak / MB:.1f} MB, bound {bound / MB:.0f} MB"
     assert sorted(int(t[0]) for t in it) == sorted(
-        s * 100 + i for s in range(shards) for i in range(batches)
+        s * 100_000 + i for s in range(shards) for i in range(batches)
     )[1:]
 
 

@@ -71,8 +71,8 @@ def test_from_generators_python_runs_per_bundle_not_per_batch():
         f"the feeder, {got['polls']} calls in polls ({got['ray_in_polls']} into Ray)"
     )
     assert got["batches"] == 3200 and got["copied"] == 0
-    # Bundles of up to 64 batches: 1, 2, 4, ... 32 then 64s, per producer.
-    assert 0 < got["bundles"] <= 2 * (6 + 1600 // 64 + 1), got
+    # Bundles of up to 256 batches (4 MB): 1, 2, 4, ... 128 then 256s, per producer.
+    assert 0 < got["bundles"] <= 2 * (8 + 1600 // 256 + 1), got
     idle_rounds = got["rounds"] - got["windows"]
     assert (
         got["tfray"]

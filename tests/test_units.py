@@ -377,10 +377,10 @@ def sizes(bundles):
 
 
 def test_bundles_double_from_one_up_to_their_batch_bound():
-    """The first batch goes alone, so an epoch starts at once; then 2, 4, ... up to 64."""
+    """The first batch goes alone, so an epoch starts at once; then 2, 4, ... up to 256."""
     small = np.zeros(4, np.float32)
-    got = list(producer._bundles(iter([small] * 300), NeverStopped()))
-    assert sizes(got) == [1, 2, 4, 8, 16, 32, 64, 64, 64, 45]
+    got = list(producer._bundles(iter([small] * 1000), NeverStopped()))
+    assert sizes(got) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 256, 233]
     assert all(batch is small for bundle in got for batch in bundle)  # Bundled, not copied.
 
 

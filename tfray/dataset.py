@@ -187,8 +187,8 @@ class Dataset(dataset_ops.DatasetSource):
             max_inflight_per_producer: bundles a producer may have waiting in
                 the object store before it pauses (Ray's generator
                 backpressure). A producer puts consecutive batches in the store
-                together, 1, 2, 4, ... up to 64 in a bundle and at most 1 MB (a
-                bigger batch travels alone). tfray also resolves up to this
+                together, 1, 2, 4, ... up to 256 in a bundle and at most 4 MB
+                (a bigger batch travels alone). tfray also resolves up to this
                 many bundles per producer ahead of the consumer.
             deterministic: True interleaves shards round-robin, a bundle at a
                 time (the same order every epoch for deterministic

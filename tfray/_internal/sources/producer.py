@@ -25,8 +25,8 @@ _STOP_CHECK_S = 0.05
 # resumes it.
 _PAUSE_S = 0.002
 # A bundle's bounds (see above).
-BUNDLE_BATCHES = 64
-BUNDLE_BYTES = 1 << 20
+BUNDLE_BATCHES = 256
+BUNDLE_BYTES = 4 << 20
 
 
 def _nbytes(batch):
