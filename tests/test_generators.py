@@ -146,6 +146,18 @@ def test_a_producer_error_comes_after_every_batch_it_made_before():
         next(it)
 
 
+def test_a_generator_that_refills_one_array_delivers_every_batch_as_yielded():
+    """Bundled batches are kept as they were yielded, though the generator reuses its arrays."""
+
+    def gen(shard):
+        buffer = {"x": np.zeros((1, 3), np.int64)}
+        for i in range(20):
+            buffer["x"][:] = i
+            yield buffer
+
+    assert ids(tfray.Dataset.from_generators(gen, 1)) == list(range(20))
+
+
 def test_killed_producer_is_retried_and_each_batch_arrives_once(tmp_path):
     """A producer whose process dies is retried by Ray: no loss, no duplicate."""
     marker = str(tmp_path / "died")

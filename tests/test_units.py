@@ -381,7 +381,7 @@ def test_bundles_double_from_one_up_to_their_batch_bound():
     small = np.zeros(4, np.float32)
     got = list(producer._bundles(iter([small] * 1000), NeverStopped()))
     assert sizes(got) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 256, 233]
-    assert all(batch is small for bundle in got for batch in bundle)  # Bundled, not copied.
+    assert all(np.array_equal(batch, small) for bundle in got for batch in bundle)
 
 
 def test_a_bundle_never_passes_its_byte_bound_but_a_bigger_batch_goes_alone():
@@ -416,3 +416,17 @@ def test_a_stop_is_asked_after_every_batch_not_every_bundle():
     got = list(producer._bundles(iter(range(100)), stop))
     assert stop.asked == 5
     assert sizes(got) == [1, 2]  # The batches of the bundle it was filling are dropped.
+
+
+def test_a_batch_waiting_in_a_bundle_is_kept_as_it_was_yielded():
+    """A generator that refills one array for every batch: each bundled batch keeps its values."""
+
+    def refilling():
+        buffer = {"x": np.zeros(3, np.int64)}
+        for i in range(7):
+            buffer["x"][:] = i
+            yield buffer
+
+    # Read as each bundle is yielded, as Ray's put of it reads it.
+    got = [[int(batch["x"][0]) for batch in bundle] for bundle in producer._bundles(refilling(), NeverStopped())]
+    assert got == [[0], [1, 2], [3, 4, 5, 6]]

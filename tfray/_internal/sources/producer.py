@@ -13,9 +13,11 @@ bigger than that travels alone, as one); the first of an epoch holds one
 batch and each next twice as many, so the first batches are not held back.
 Where bundles close depends on the batches alone, never on timing, so a
 deterministic generator's bundles are the same every epoch (Ray's retry of
-a producer relies on that too: it skips the objects already delivered).
+a producer relies on that too: it skips the objects already delivered). A
+batch that waits in a bundle while the generator runs on is copied first.
 """
 
+import copy
 import time
 
 # How often a running producer asks whether it was stopped (see stops.py).
@@ -93,6 +95,11 @@ def _bundles(batches, stop):
             yield bundle
             paused = paused or time.monotonic() - before > _PAUSE_S
             bundle, nbytes, most = [], 0, min(2 * most, BUNDLE_BATCHES)
+        else:
+            # It waits while the generator makes the next: a generator may
+            # refill the same arrays for each batch, as it may before Ray's
+            # put of a batch yielded alone.
+            bundle[-1] = copy.deepcopy(batch)
         if stop.requested(paused=paused):  # Asked after every batch: one may take long.
             return
     if bundle:
