@@ -51,8 +51,9 @@ class Bundle:
 # (label, ref): label says where the batch is, for messages ("shard 3 batch 7"),
 # or is a Bundle.
 LabelledRef = Tuple[Union[str, Bundle], ray.ObjectRef]
-# (label, value, error): a batch, or in its place the error that replaces it.
-Item = Tuple[str, Any, Optional[BatchError]]
+# (label, value, error): a batch, or in its place the error that replaces it;
+# from a RefResolver, a Bundle's value is its list of batches (see unbundle).
+Item = Tuple[Union[str, Bundle], Any, Optional[BatchError]]
 
 
 class Wrapped:
