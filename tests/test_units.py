@@ -428,5 +428,6 @@ def test_a_batch_waiting_in_a_bundle_is_kept_as_it_was_yielded():
             yield buffer
 
     # Read as each bundle is yielded, as Ray's put of it reads it.
-    got = [[int(batch["x"][0]) for batch in bundle] for bundle in producer._bundles(refilling(), NeverStopped())]
+    bundles = producer._bundles(refilling(), NeverStopped())
+    got = [[int(batch["x"][0]) for batch in bundle] for bundle in bundles]
     assert got == [[0], [1, 2], [3, 4, 5, 6]]

@@ -41,7 +41,7 @@ class Bundle:
         self.shard = shard
 
     def first(self, after=0):
-        """The label of its first batch, with ``after`` of the shard's batches ahead of it not yet handed on."""
+        """Its first batch's label, ``after`` more of the shard's batches ahead of it not yet handed on."""
         return f"shard {self.shard.number} batch {self.shard.handed + after}"
 
     def __str__(self):
@@ -54,6 +54,33 @@ LabelledRef = Tuple[Union[str, Bundle], ray.ObjectRef]
 # (label, value, error): a batch, or in its place the error that replaces it;
 # from a RefResolver, a Bundle's value is its list of batches (see unbundle).
 Item = Tuple[Union[str, Bundle], Any, Optional[BatchError]]
+
+
+class RefStream(Protocol):
+    """The refs of one epoch, in order."""
+
+    done: bool  # Nothing more to take.
+
+    def take(self, n: int, timeout: Optional[float]) -> List[LabelledRef]:
+        """Up to ``n`` refs; waits at most ``timeout`` (None: no limit) for the first."""
+
+    def close(self) -> None:
+        """Stops its producers; nothing more is taken."""
+
+
+class ItemStream(Protocol):
+    """The resolved items of one epoch, in order: what a feeder pushes."""
+
+    # An adaptive look-ahead the feeder keeps its channel's capacity at, or
+    # None: the channel's capacity is the stream's fixed bound.
+    lookahead: Optional[LookAhead]
+    in_flight: int  # Refs being resolved ahead now.
+
+    def next_ready(self, timeout: float) -> Optional[List[Item]]:
+        """Items ready now ([] if none within ``timeout``), or None at the end."""
+
+    def close(self) -> None:
+        """Stops its producers; nothing more is read."""
 
 
 class Wrapped:
@@ -106,30 +133,3 @@ class Unbundled(Wrapped):
     def next_ready(self, timeout):
         items = self._stream.next_ready(timeout)
         return items if not items else unbundle(items)
-
-
-class RefStream(Protocol):
-    """The refs of one epoch, in order."""
-
-    done: bool  # Nothing more to take.
-
-    def take(self, n: int, timeout: Optional[float]) -> List[LabelledRef]:
-        """Up to ``n`` refs; waits at most ``timeout`` (None: no limit) for the first."""
-
-    def close(self) -> None:
-        """Stops its producers; nothing more is taken."""
-
-
-class ItemStream(Protocol):
-    """The resolved items of one epoch, in order: what a feeder pushes."""
-
-    # An adaptive look-ahead the feeder keeps its channel's capacity at, or
-    # None: the channel's capacity is the stream's fixed bound.
-    lookahead: Optional[LookAhead]
-    in_flight: int  # Refs being resolved ahead now.
-
-    def next_ready(self, timeout: float) -> Optional[List[Item]]:
-        """Items ready now ([] if none within ``timeout``), or None at the end."""
-
-    def close(self) -> None:
-        """Stops its producers; nothing more is read."""
