@@ -391,11 +391,19 @@ def test_a_bundle_never_passes_its_byte_bound_but_a_bigger_batch_goes_alone():
     batches = [quarter] * 3 + [three_quarters] * 2 + [quarter] * 4 + [big, quarter]
     got = list(producer._bundles(iter(batches), NeverStopped()))
     # 1, 2, then the byte bound closes them: three quarters alone (three
-    # more would pass it), three and one, three before big, big alone.
-    assert sizes(got) == [1, 2, 1, 2, 3, 1, 1]
+    # more would pass it), twice; four quarters; big alone.
+    assert sizes(got) == [1, 2, 1, 1, 4, 1, 1]
     assert [sum(producer._nbytes(b) for b in bundle) for bundle in got] == [
-        q * producer.BUNDLE_BYTES // 4 for q in (1, 2, 3, 4, 3)
+        q * producer.BUNDLE_BYTES // 4 for q in (1, 2, 3, 3, 4)
     ] + [big.nbytes, producer.BUNDLE_BYTES // 4]
+
+
+def test_a_batch_over_half_the_byte_bound_goes_at_once_uncopied():
+    """It is not held (and copied) until the next batch shows it would not fit beside it."""
+    batches = [np.zeros(producer.BUNDLE_BYTES * 6 // 10, np.uint8) for _ in range(5)]
+    got = list(producer._bundles(iter(batches), NeverStopped()))
+    assert sizes(got) == [1, 1, 1, 1, 1]
+    assert all(bundle[0] is batch for bundle, batch in zip(got, batches))
 
 
 def test_a_generator_error_comes_after_the_batches_made_before_it():

@@ -83,14 +83,16 @@ def _bundles(batches, stop):
             raise
         size = _nbytes(batch)
         paused = False
-        if bundle and nbytes + size > BUNDLE_BYTES:  # It would pass the bound: it goes alone.
+        if bundle and nbytes + size > BUNDLE_BYTES:  # With it, the bundle would pass the bound.
             before = time.monotonic()
             yield bundle
             paused = time.monotonic() - before > _PAUSE_S
             bundle, nbytes, most = [], 0, min(2 * most, BUNDLE_BATCHES)
         bundle.append(batch)
         nbytes += size
-        if len(bundle) >= most or nbytes >= BUNDLE_BYTES:
+        # Closed once another batch of this size would pass the bound: a
+        # batch over half of it goes at once, not after the next is made.
+        if len(bundle) >= most or nbytes + size > BUNDLE_BYTES:
             before = time.monotonic()
             yield bundle
             paused = paused or time.monotonic() - before > _PAUSE_S
