@@ -188,7 +188,7 @@ class Dataset(dataset_ops.DatasetSource):
                 the object store before it pauses (Ray's generator
                 backpressure). A producer puts consecutive batches in the store
                 together, 1, 2, 4, ... up to 256 in a bundle and at most 4 MB
-                (a bigger batch travels alone). tfray also resolves up to this
+                (a batch over 2 MB travels alone). tfray also resolves up to this
                 many bundles per producer ahead of the consumer.
             deterministic: True interleaves shards round-robin, a bundle at a
                 time (the same order every epoch for deterministic

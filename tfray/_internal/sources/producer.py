@@ -9,7 +9,7 @@ is a list of consecutive batches. Every object costs Ray a round of work in
 the producer and in the trainer (its report, ``next``, ``ray.get``: about
 half a millisecond), which small batches would pay one by one. A bundle
 holds at most ``BUNDLE_BATCHES`` batches and ``BUNDLE_BYTES`` (a batch
-bigger than that travels alone, as one); the first of an epoch holds one
+over half of that travels alone); the first of an epoch holds one
 batch and each next twice as many, so the first batches are not held back.
 Where bundles close depends on the batches alone, never on timing, so a
 deterministic generator's bundles are the same every epoch (Ray's retry of
