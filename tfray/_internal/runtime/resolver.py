@@ -1,8 +1,9 @@
 """Resolves a stream of ObjectRefs ahead of the consumer, in bulk and in order.
 
 Refs for up to a look-ahead's ``limit`` of batches wait in a window; each
-call hands back the longest run of resolved refs at the window's head (one ``ray.wait`` and one
-``ray.get`` for many batches, so the GIL is taken per window, not per batch).
+call hands back the longest run of resolved refs at the window's head (one
+``ray.wait`` and one ``ray.get`` for many batches, so the GIL is taken per
+window, not per batch).
 Over producers' bundles (streams.py), the look-ahead still counts batches:
 a ref stands for as many as the bundles resolved so far held, on average.
 """
