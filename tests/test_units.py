@@ -393,7 +393,7 @@ def test_a_bundle_never_passes_its_byte_bound_but_a_bigger_batch_goes_alone():
     # 1, 2, then the byte bound closes them: three quarters alone (three
     # more would pass it), twice; four quarters; big alone.
     assert sizes(got) == [1, 2, 1, 1, 4, 1, 1]
-    assert [sum(producer._nbytes(b) for b in bundle) for bundle in got] == [
+    assert [sum(producer.nbytes(b) for b in bundle) for bundle in got] == [
         q * producer.BUNDLE_BYTES // 4 for q in (1, 2, 3, 3, 4)
     ] + [big.nbytes, producer.BUNDLE_BYTES // 4]
 

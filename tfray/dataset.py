@@ -13,7 +13,6 @@ from tfray._internal.distribute import auto as distribute
 from tfray._internal.runtime import native, runtime, stats
 from tfray._internal.sources import ray_data
 
-_MAX_INFLIGHT_PER_PRODUCER = 2
 _RAY_DATA_CAPACITY = 4
 
 
@@ -165,7 +164,7 @@ class Dataset(dataset_ops.DatasetSource):
         shards,
         *,
         element_spec=None,
-        max_inflight_per_producer=_MAX_INFLIGHT_PER_PRODUCER,
+        max_inflight_per_producer=None,
         deterministic=None,
         ray_remote_args=None,
         sharding="auto",
@@ -189,7 +188,11 @@ class Dataset(dataset_ops.DatasetSource):
                 backpressure). A producer puts consecutive batches in the store
                 together, 1, 2, 4, ... up to 256 in a bundle and at most 4 MB
                 (a batch over 2 MB travels alone). tfray also resolves up to this
-                many bundles per producer ahead of the consumer.
+                many bundles per producer ahead of the consumer. None (the
+                default): as many as fit in 256 MB per producer and in a
+                quarter of the object store over the running producers, 2 to
+                16, from the size of the first batch an epoch reads (2 for
+                producers that start before one is read).
             deterministic: True interleaves shards round-robin, a bundle at a
                 time (the same order every epoch for deterministic
                 generators); False takes whichever bundle is ready first;

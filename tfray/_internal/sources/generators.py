@@ -3,8 +3,9 @@
 Each shard's generator runs as a Ray task whose batches go straight into the
 object store, in bundles of consecutive batches (producer.py). Ray pauses a
 generator once ``max_inflight_per_producer`` of its bundles wait unconsumed
-(``_generator_backpressure_num_objects``), so a slow trainer stalls the
-producers instead of filling the store.
+(``_generator_backpressure_num_objects``; by default a count that follows
+the bundles' bytes, inflight.py), so a slow trainer stalls the producers
+instead of filling the store.
 
 At most ``concurrency`` shards of an epoch run at once, the rest start as
 running ones finish. Round-robin over more shards than the cluster can run
@@ -33,7 +34,7 @@ from tfray._internal.runtime import ray_api, ray_errors, spec
 from tfray._internal.runtime.lookahead import START, LookAhead
 from tfray._internal.runtime.resolver import RefResolver
 from tfray._internal.runtime.streams import Bundle, Shard, Unbundled, Wrapped
-from tfray._internal.sources import producer, resume, stops
+from tfray._internal.sources import inflight, producer, resume, stops
 from tfray._internal.sources.base import Source, default_budget, positive_int
 
 # By value: by reference, every producer process would import tfray and
@@ -158,15 +159,17 @@ class GeneratorShards:
 
     ``shard_numbers`` label each shard's batches (default 0, 1, ...). Its
     refs are bundles (streams.py): ``deterministic`` takes turns a bundle at
-    a time.
+    a time. ``inflight`` (inflight.py) gives each producer its backpressure
+    as it starts, and learns from the epoch's first bundle.
     """
 
-    def __init__(
-        self, fn, shards, *, max_inflight_per_producer, ray_remote_args, concurrency, shard_numbers=None
-    ):
-        self._runner = with_backpressure(
-            _remote_run_shard, producer_options(ray_remote_args), max_inflight_per_producer
-        )
+    def __init__(self, fn, shards, *, inflight, ray_remote_args, concurrency, shard_numbers=None):
+        self._inflight = inflight
+        self._learning = inflight.fixed is None  # Until the epoch's first bundle is read.
+        self._options = producer_options(ray_remote_args)
+        self._concurrency = concurrency
+        self._budget = default_budget()
+        self._runners = {}  # Backpressure -> the producer task with it.
         self._fn = fn
         self._shards = list(shards)
         self._numbers = list(range(len(self._shards)) if shard_numbers is None else shard_numbers)
@@ -198,10 +201,23 @@ class GeneratorShards:
                 self._replace(position)
                 continue
             out.append((Bundle(self._labels[shard]), ref))
+            if self._learning:
+                self._learn(ref)
             if self.deterministic:
                 self._turn = (position + 1) % len(self._running)
         self.done = not self._running
         return out
+
+    def _learn(self, ref):
+        """Tells ``inflight`` the first bundle's size, once it is here (never waits for it)."""
+        ready, _ = ray_api.wait([ref], num_returns=1, timeout=0, fetch_local=True)
+        if not ready:
+            return  # The next ref tells it.
+        self._learning = False
+        try:
+            self._inflight.learn(ray_api.get(ref))
+        except Exception:  # noqa: S110 - a producer's error, which the resolver reports.
+            pass
 
     def close(self):
         """Stops the running producers: asked on the stop board, never ``ray.cancel``-ed.
@@ -236,7 +252,10 @@ class GeneratorShards:
         shard = self._next_shard
         self._next_shard += 1
         self._labels[shard] = Shard(self._numbers[shard])
-        return shard, self._runner.remote(self._fn, self._shards[shard], self._board, self._token)
+        count = self._inflight.count(self._concurrency, self._budget)
+        if count not in self._runners:
+            self._runners[count] = with_backpressure(_remote_run_shard, self._options, count)
+        return shard, self._runners[count].remote(self._fn, self._shards[shard], self._board, self._token)
 
     def _replace(self, position):
         """The shard at ``position`` ended: the next shard takes its place."""
@@ -321,17 +340,17 @@ class GeneratorSource(Source):
         if ray_remote_args is not None and not isinstance(ray_remote_args, dict):
             raise TypeError(f"ray_remote_args: expected a dict, got {type(ray_remote_args).__name__}")
         self._fn = fn
-        self._per_producer = positive_int("max_inflight_per_producer", max_inflight_per_producer)
+        self._per_producer = (
+            None
+            if max_inflight_per_producer is None
+            else positive_int("max_inflight_per_producer", max_inflight_per_producer)
+        )
+        self._inflight = inflight.Inflight(self._per_producer)
         self._deterministic = deterministic
         self._ray_remote_args = ray_remote_args
-        # The most batches resolved ahead: as many bundles per running
-        # producer as each may have waiting in Ray.
-        self._window = (
-            self._per_producer * producer.BUNDLE_BATCHES * concurrency(len(self._shards), ray_remote_args)
-        )
         # Without element_spec, it is learned when first asked for: by then a
         # worker's share is known, and only the share's producers run.
-        super().__init__(element_spec, capacity=self._window)
+        super().__init__(element_spec, capacity=self._window(self._per_producer or inflight.MOST))
         self._early = None  # The epoch learning the spec began; guarded by _lock.
 
     def work_units(self):
@@ -345,16 +364,20 @@ class GeneratorSource(Source):
         key = None if name is None else f"generators:{name}:{self._shards!r}"
         return key, len(self._shards), concurrency(len(self._shards), self._ray_remote_args)
 
+    def _window(self, per_producer):
+        """The most batches resolved ahead: as many bundles per running producer as each may have waiting."""
+        return per_producer * producer.BUNDLE_BATCHES * concurrency(len(self._shards), self._ray_remote_args)
+
     def unit_refs(self, unit):
         """The ref stream of work unit ``unit``: shard ``unit``'s producer."""
-        return self._producer(unit, self._per_producer)
+        return self._producer(unit, self._inflight)
 
-    def _producer(self, number, max_inflight):
+    def _producer(self, number, per_producer):
         """The ref stream of shard ``number`` alone."""
         return GeneratorShards(
             self._fn,
             [self._shards[number]],
-            max_inflight_per_producer=max_inflight,
+            inflight=per_producer,
             ray_remote_args=self._ray_remote_args,
             concurrency=1,
             shard_numbers=[number],
@@ -374,7 +397,7 @@ class GeneratorSource(Source):
         return GeneratorShards(
             self._fn,
             self._shards,
-            max_inflight_per_producer=self._per_producer,
+            inflight=self._inflight,
             ray_remote_args=self._ray_remote_args,
             concurrency=concurrency(len(self._shards), self._ray_remote_args),
         )
@@ -396,7 +419,7 @@ class GeneratorSource(Source):
         """
         if not keep_epoch or _reserves_resources(self._ray_remote_args):
             for number in range(len(self._shards)):
-                stream = self._producer(number, 1)
+                stream = self._producer(number, inflight.Inflight(1))
                 try:
                     first = stream.take(1, timeout=None)
                     if first:
@@ -447,4 +470,7 @@ class GeneratorSource(Source):
         It starts small and grows only while TF waits: what an epoch pins
         ahead stays bounded whatever the batches' size.
         """
-        return LookAhead(budget_bytes=default_budget(), start=min(START, self._window), cap=self._window)
+        budget = default_budget()
+        running = concurrency(len(self._shards), self._ray_remote_args)
+        window = self._window(self._inflight.count(running, budget))
+        return LookAhead(budget_bytes=budget, start=min(START, window), cap=window)

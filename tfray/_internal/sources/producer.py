@@ -31,13 +31,20 @@ BUNDLE_BATCHES = 256
 BUNDLE_BYTES = 4 << 20
 
 
-def _nbytes(batch):
+def nbytes(batch):
     """The bytes of a batch's arrays (a dict, tuple or list of them, nested, or one)."""
     if isinstance(batch, dict):
-        return sum(_nbytes(v) for v in batch.values())
+        return sum(nbytes(v) for v in batch.values())
     if isinstance(batch, (list, tuple)):
-        return sum(_nbytes(v) for v in batch)
+        return sum(nbytes(v) for v in batch)
     return getattr(batch, "nbytes", 0)
+
+
+def largest_bundle(batch_bytes):
+    """The bytes of the largest bundle that batches of ``batch_bytes`` make (see _bundles)."""
+    if batch_bytes > BUNDLE_BYTES // 2:
+        return batch_bytes
+    return min(BUNDLE_BATCHES, BUNDLE_BYTES // max(1, batch_bytes)) * batch_bytes
 
 
 class _StopCheck:
@@ -71,7 +78,7 @@ class _StopCheck:
 
 def _bundles(batches, stop):
     """The bundles of ``batches`` (see above), until they end or ``stop`` is requested."""
-    bundle, nbytes, most = [], 0, 1
+    bundle, held, most = [], 0, 1
     while True:
         try:
             batch = next(batches)
@@ -81,22 +88,22 @@ def _bundles(batches, stop):
             if bundle:  # Its batches came before the error: they go first.
                 yield bundle
             raise
-        size = _nbytes(batch)
+        size = nbytes(batch)
         paused = False
-        if bundle and nbytes + size > BUNDLE_BYTES:  # With it, the bundle would pass the bound.
+        if bundle and held + size > BUNDLE_BYTES:  # With it, the bundle would pass the bound.
             before = time.monotonic()
             yield bundle
             paused = time.monotonic() - before > _PAUSE_S
-            bundle, nbytes, most = [], 0, min(2 * most, BUNDLE_BATCHES)
+            bundle, held, most = [], 0, min(2 * most, BUNDLE_BATCHES)
         bundle.append(batch)
-        nbytes += size
+        held += size
         # Closed once another batch of this size would pass the bound: a
         # batch over half of it goes at once, not after the next is made.
-        if len(bundle) >= most or nbytes + size > BUNDLE_BYTES:
+        if len(bundle) >= most or held + size > BUNDLE_BYTES:
             before = time.monotonic()
             yield bundle
             paused = paused or time.monotonic() - before > _PAUSE_S
-            bundle, nbytes, most = [], 0, min(2 * most, BUNDLE_BATCHES)
+            bundle, held, most = [], 0, min(2 * most, BUNDLE_BATCHES)
         else:
             # It waits while the generator makes the next: a generator may
             # refill the same arrays for each batch, as it may before Ray's
