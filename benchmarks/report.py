@@ -30,7 +30,7 @@ LABELS = {
     "to_tf": "Ray Data to_tf",
     "tfray": "tfray (epoch of N, repeated)",
     "tfray_1epoch": "tfray_1epoch (one long epoch)",
-    "tfray_generators": "tfray_generators (2 producers, one long epoch)",
+    "tfray_generators": "tfray_generators (2 producers, one long epoch, the second)",
 }
 # What a pipeline's ``@K`` suffix sets.
 SUFFIXES = {"tfray_generators": "max_inflight_per_producer"}

@@ -86,17 +86,19 @@ class Scenario:
 
 
 SCENARIOS = {
-    # (a) 12.6 MB: 256 rows of 12288 float32 features.
-    "12MB": Scenario("12MB", 256, (12288,), "float32", 8),
+    # (a) 12.6 MB: 256 rows of 12288 float32 features. Producers that may
+    # have 2 batches waiting, as those started before a batch was read do,
+    # are tried too (by default, 16 here).
+    "12MB": Scenario("12MB", 256, (12288,), "float32", 8, extra=("tfray_generators@2",)),
     # (b) 38.5 MB: 256 uint8 224x224 RGB images.
     "38MB": Scenario("38MB", 256, (224, 224, 3), "uint8", 8),
     # (c) 16 KB: 16 rows of 256 float32; per-batch overhead dominates.
     # The window (max_inflight) matters here, so a window of all 16 distinct
     # refs is tried too (a bigger one would hold the same refs twice, and Ray
     # gets a repeated ref more cheaply than a distinct one), and producers
-    # that may run 16 batches ahead instead of 2.
+    # that may have 2 bundles waiting (by default, 16 here).
     "16KB": Scenario(
-        "16KB", 16, (256,), "float32", 16, extra=("tfray_1epoch@16", "tfray_generators@16")
+        "16KB", 16, (256,), "float32", 16, extra=("tfray_1epoch@16", "tfray_generators@2")
     ),
 }
 LOADS = ("idle", "busy")

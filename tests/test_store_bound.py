@@ -6,7 +6,9 @@ taken from Ray, plus tfray's look-ahead twice over (resolved ahead, and
 queued for TF): it starts at 2 batches, grows only while TF waits (as it
 does for the first batch), and stays within ``max_inflight_per_producer``
 per running producer and a quarter of the store. Plus what the tf.data
-pipeline holds: here the batch in hand.
+pipeline holds: here the batch in hand. By default that count is 2 for
+producers started before the dataset read a batch, and follows the
+batches' bytes after (sources/inflight.py).
 """
 
 import time
@@ -18,13 +20,14 @@ import tensorflow as tf
 
 import conftest
 import tfray
+from tfray._internal.sources import generators
 
 pytestmark = pytest.mark.timeout(240)
 
 MB = 1024 * 1024
 STORE_BYTES = 400 * MB
 CPUS = 2
-PER_PRODUCER = 2  # The default max_inflight_per_producer.
+PER_PRODUCER = 2  # The default max_inflight_per_producer, before a batch was read.
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,8 +46,8 @@ def big_store():
     ray.shutdown()
 
 
-def bound_in_batches(batch_bytes, running):
-    most = PER_PRODUCER * running
+def bound_in_batches(batch_bytes, running, per_producer=PER_PRODUCER):
+    most = per_producer * running
     lookahead = max(1, min(most, int(STORE_BYTES // 4 // (2 * batch_bytes))))
     return most + 2 * lookahead + 1
 
@@ -76,3 +79,45 @@ def test_a_reader_that_stops_holds_at_most_the_stated_bound(batch_mb):
     assert sum(1 for _ in it) == 39
     del it
     conftest.wait_until(lambda: conftest.store_bytes_used() < size)  # For the next case.
+
+
+def test_a_later_epoch_runs_ahead_by_the_batches_bytes_within_the_bound(monkeypatch):
+    """By default, producers started after a batch was read pause at a count from its size, within the bound."""
+    size = 16 * MB
+    per_producer = STORE_BYTES // 4 // CPUS // size  # 3: a quarter of the store over 2 producers.
+    counts = []  # The backpressure each epoch's producers were given.
+    given = generators.with_backpressure
+
+    def recorded(remote_fn, options, count):
+        counts.append(count)
+        return given(remote_fn, options, count)
+
+    monkeypatch.setattr(generators, "with_backpressure", recorded)
+
+    def gen(shard):
+        for i in range(10):
+            yield np.full(size // 4, i, np.float32)
+
+    ds = tfray.Dataset.from_generators(gen, 4, element_spec=tf.TensorSpec([None], tf.float32))
+    # A first epoch: its producers start before any batch is read.
+    assert sum(1 for _ in ds.take(1)) == 1
+    assert counts[0] == PER_PRODUCER
+    conftest.wait_until(lambda: conftest.store_bytes_used() < size)
+    before = len(counts)
+    it = iter(conftest.without_prefetch(ds))
+    first = next(it)
+    peak = 0
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        peak = max(peak, conftest.store_bytes_used())
+        time.sleep(0.05)
+    assert counts[before:] == [per_producer], counts
+    bound = bound_in_batches(size, running=CPUS, per_producer=per_producer)
+    print(f"a later epoch, {per_producer} per producer: peak {peak / size:.1f} batches, bound {bound}")
+    assert peak >= per_producer * CPUS * size
+    assert peak <= bound * size + 4 * MB
+    assert conftest.store_stats().spilled_bytes_total == 0
+    del first
+    assert sum(1 for _ in it) == 39
+    del it
+    conftest.wait_until(lambda: conftest.store_bytes_used() < size)

@@ -16,7 +16,7 @@ from tfray._internal.runtime import lookahead as lookahead_lib
 from tfray._internal.runtime import ray_errors
 from tfray._internal.runtime.lookahead import LookAhead
 from tfray._internal.runtime.streams import Bundle, Shard
-from tfray._internal.sources import producer
+from tfray._internal.sources import inflight, producer
 from tfray._internal.sources.base import Source
 
 pytestmark = pytest.mark.timeout(30)
@@ -416,6 +416,37 @@ def test_a_generator_error_comes_after_the_batches_made_before_it():
     assert [next(bundles), next(bundles), next(bundles)] == [[0], [1, 2], [3, 4]]
     with pytest.raises(KeyError, match="no such record"):
         next(bundles)
+
+
+@pytest.mark.parametrize("batch_bytes", [1, 1000, 16 << 10, 1 << 20, 3 << 19, 2 << 20, (2 << 20) + 1, 12 << 20])
+def test_largest_bundle_is_the_largest_that_bundling_makes(batch_bytes):
+    batches = [np.zeros(batch_bytes, np.uint8)] * 600
+    made = max(producer.nbytes(bundle) for bundle in producer._bundles(iter(batches), NeverStopped()))
+    assert producer.largest_bundle(batch_bytes) == made
+
+
+MB = 1 << 20
+
+
+def test_inflight_as_set_or_by_the_bytes_of_the_batches_an_epoch_read():
+    """A count the user sets stands; by default, objects in 256 MB per producer and a quarter of the store."""
+    assert inflight.Inflight(5).count(producers=2, budget_bytes=512 * MB) == 5
+    learned = inflight.Inflight()
+    assert learned.count(2, 512 * MB) == 2  # Nothing read yet.
+    learned.learn([np.zeros(12 * MB, np.uint8)])
+    assert learned.count(2, 512 * MB) == 16  # 256 MB // 12 MB = 21, at most 16.
+    assert learned.count(2, None) == 16
+    assert learned.count(8, 512 * MB) == 5  # 64 MB each // 12 MB.
+    assert learned.count(2, 40 * MB) == 2  # Never fewer than 2.
+    big = inflight.Inflight()
+    big.learn([{"x": np.zeros(38 * MB, np.uint8), "y": np.zeros(256, np.int32)}])
+    assert big.count(2, 512 * MB) == 6
+    small = inflight.Inflight()
+    small.learn([np.zeros(16 << 10, np.uint8)] * 3)  # Bundles of 256 batches, 4 MB.
+    assert small.count(2, 512 * MB) == 16
+    assert small.count(2, 37 * MB) == 4  # 18.5 MB each // 4 MB.
+    small.learn([np.zeros(1 << 10, np.uint8)])  # Smaller batches later: the larger size stands.
+    assert small.count(2, 37 * MB) == 4
 
 
 def test_a_stop_is_asked_after_every_batch_not_every_bundle():
