@@ -429,24 +429,27 @@ MB = 1 << 20
 
 
 def test_inflight_as_set_or_by_the_bytes_of_the_batches_an_epoch_read():
-    """A count the user sets stands; by default, objects in 256 MB per producer and a quarter of the store."""
-    assert inflight.Inflight(5).count(producers=2, budget_bytes=512 * MB) == 5
+    """A count the user sets stands; by default, objects in 256 MB per producer and its share of the store."""
+    assert inflight.share(512 * MB, 2) == 256 * MB
+    assert inflight.share(None, 2) is None
+    assert inflight.Inflight(5).count(256 * MB) == 5
     learned = inflight.Inflight()
-    assert learned.count(2, 512 * MB) == 2  # Nothing read yet.
+    assert learned.count(256 * MB) == 2  # Nothing read yet.
     learned.learn([np.zeros(12 * MB, np.uint8)])
-    assert learned.count(2, 512 * MB) == 16  # 256 MB // 12 MB = 21, at most 16.
-    assert learned.count(2, None) == 16
-    assert learned.count(8, 512 * MB) == 5  # 64 MB each // 12 MB.
-    assert learned.count(2, 40 * MB) == 2  # Never fewer than 2.
+    assert learned.count(256 * MB) == 16  # 256 MB // 12 MB = 21, at most 16.
+    assert learned.count(None) == 16
+    assert learned.count(1 << 40) == 16  # 256 MB at most, however big the store.
+    assert learned.count(64 * MB) == 5
+    assert learned.count(20 * MB) == 2  # Never fewer than 2.
     big = inflight.Inflight()
     big.learn([{"x": np.zeros(38 * MB, np.uint8), "y": np.zeros(256, np.int32)}])
-    assert big.count(2, 512 * MB) == 6
+    assert big.count(256 * MB) == 6
     small = inflight.Inflight()
     small.learn([np.zeros(16 << 10, np.uint8)] * 3)  # Bundles of 256 batches, 4 MB.
-    assert small.count(2, 512 * MB) == 16
-    assert small.count(2, 37 * MB) == 4  # 18.5 MB each // 4 MB.
+    assert small.count(256 * MB) == 16
+    assert small.count(18 * MB) == 4
     small.learn([np.zeros(1 << 10, np.uint8)])  # Smaller batches later: the larger size stands.
-    assert small.count(2, 37 * MB) == 4
+    assert small.count(18 * MB) == 4
 
 
 def test_a_stop_is_asked_after_every_batch_not_every_bundle():

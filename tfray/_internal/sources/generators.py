@@ -160,15 +160,17 @@ class GeneratorShards:
     ``shard_numbers`` label each shard's batches (default 0, 1, ...). Its
     refs are bundles (streams.py): ``deterministic`` takes turns a bundle at
     a time. ``inflight`` (inflight.py) gives each producer its backpressure
-    as it starts, and learns from the epoch's first bundle.
+    as it starts, within ``share_bytes`` of the store, and learns from the
+    epoch's first bundle.
     """
 
-    def __init__(self, fn, shards, *, inflight, ray_remote_args, concurrency, shard_numbers=None):
+    def __init__(
+        self, fn, shards, *, inflight, share_bytes, ray_remote_args, concurrency, shard_numbers=None
+    ):
         self._inflight = inflight
         self._learning = inflight.fixed is None  # Until the epoch's first bundle is read.
+        self._share = share_bytes
         self._options = producer_options(ray_remote_args)
-        self._concurrency = concurrency
-        self._budget = default_budget()
         self._runners = {}  # Backpressure -> the producer task with it.
         self._fn = fn
         self._shards = list(shards)
@@ -252,7 +254,7 @@ class GeneratorShards:
         shard = self._next_shard
         self._next_shard += 1
         self._labels[shard] = Shard(self._numbers[shard])
-        count = self._inflight.count(self._concurrency, self._budget)
+        count = self._inflight.count(self._share)
         if count not in self._runners:
             self._runners[count] = with_backpressure(_remote_run_shard, self._options, count)
         return shard, self._runners[count].remote(self._fn, self._shards[shard], self._board, self._token)
@@ -362,11 +364,19 @@ class GeneratorSource(Source):
         """
         name = stable_name(self._fn)
         key = None if name is None else f"generators:{name}:{self._shards!r}"
-        return key, len(self._shards), concurrency(len(self._shards), self._ray_remote_args)
+        return key, len(self._shards), self._at_once()
+
+    def _at_once(self):
+        """How many of an epoch's producers run at once."""
+        return concurrency(len(self._shards), self._ray_remote_args)
 
     def _window(self, per_producer):
         """The most batches resolved ahead: as many bundles per running producer as each may have waiting."""
-        return per_producer * producer.BUNDLE_BATCHES * concurrency(len(self._shards), self._ray_remote_args)
+        return per_producer * producer.BUNDLE_BATCHES * self._at_once()
+
+    def _share(self):
+        """A running producer's share of a quarter of the store (inflight.py)."""
+        return inflight.share(default_budget(), self._at_once())
 
     def unit_refs(self, unit):
         """The ref stream of work unit ``unit``: shard ``unit``'s producer."""
@@ -378,6 +388,7 @@ class GeneratorSource(Source):
             self._fn,
             [self._shards[number]],
             inflight=per_producer,
+            share_bytes=self._share(),
             ray_remote_args=self._ray_remote_args,
             concurrency=1,
             shard_numbers=[number],
@@ -398,8 +409,9 @@ class GeneratorSource(Source):
             self._fn,
             self._shards,
             inflight=self._inflight,
+            share_bytes=self._share(),
             ray_remote_args=self._ray_remote_args,
-            concurrency=concurrency(len(self._shards), self._ray_remote_args),
+            concurrency=self._at_once(),
         )
 
     def spec_only(self):
@@ -470,7 +482,5 @@ class GeneratorSource(Source):
         It starts small and grows only while TF waits: what an epoch pins
         ahead stays bounded whatever the batches' size.
         """
-        budget = default_budget()
-        running = concurrency(len(self._shards), self._ray_remote_args)
-        window = self._window(self._inflight.count(running, budget))
-        return LookAhead(budget_bytes=budget, start=min(START, window), cap=window)
+        window = self._window(self._inflight.count(self._share()))
+        return LookAhead(budget_bytes=default_budget(), start=min(START, window), cap=window)

@@ -45,16 +45,18 @@ class Inflight:
         with self._lock:
             self._object_bytes = max(self._object_bytes or 0, size)
 
-    def count(self, producers, budget_bytes):
-        """Bundles each of ``producers`` running producers may have waiting.
-
-        ``budget_bytes``: a quarter of the object store (None: unknown).
-        """
+    def count(self, share_bytes):
+        """Bundles a producer may have waiting; ``share_bytes``: its share of the store (None: unknown)."""
         if self.fixed is not None:
             return self.fixed
         with self._lock:
             size = self._object_bytes
         if not size:
             return FEWEST
-        ahead = AHEAD_BYTES if not budget_bytes else min(AHEAD_BYTES, budget_bytes // max(1, producers))
+        ahead = AHEAD_BYTES if not share_bytes else min(AHEAD_BYTES, share_bytes)
         return max(FEWEST, min(MOST, ahead // size))
+
+
+def share(budget_bytes, producers):
+    """A producer's share of ``budget_bytes`` (a quarter of the store; None: unknown) among ``producers``."""
+    return None if not budget_bytes else budget_bytes // max(1, producers)
