@@ -168,7 +168,10 @@ class GeneratorShards:
         self, fn, shards, *, inflight, share_bytes, ray_remote_args, concurrency, shard_numbers=None
     ):
         self._inflight = inflight
-        self._learning = inflight.fixed is None  # Until the epoch's first bundle is read.
+        # The epoch's first ref, until its bundle's size is learned; None
+        # before it is taken, and once learned.
+        self._first = None
+        self._learning = inflight.fixed is None
         self._share = share_bytes
         self._options = producer_options(ray_remote_args)
         self._runners = {}  # Backpressure -> the producer task with it.
@@ -203,21 +206,24 @@ class GeneratorShards:
                 self._replace(position)
                 continue
             out.append((Bundle(self._labels[shard]), ref))
-            if self._learning:
-                self._learn(ref)
+            if self._learning and self._first is None:
+                self._first = ref
             if self.deterministic:
                 self._turn = (position + 1) % len(self._running)
         self.done = not self._running
+        self._learn()
         return out
 
-    def _learn(self, ref):
-        """Tells ``inflight`` the first bundle's size, once it is here (never waits for it)."""
-        ready, _ = ray_api.wait([ref], num_returns=1, timeout=0, fetch_local=True)
+    def _learn(self):
+        """Tells ``inflight`` the size of the epoch's first bundle once it is here; never waits for it."""
+        if self._first is None:
+            return
+        ready, _ = ray_api.wait([self._first], num_returns=1, timeout=0, fetch_local=True)
         if not ready:
-            return  # The next ref tells it.
-        self._learning = False
+            return  # Asked again at the next take, and at close.
+        first, self._first, self._learning = self._first, None, False
         try:
-            self._inflight.learn(ray_api.get(ref))
+            self._inflight.learn(ray_api.get(first))
         except Exception:  # noqa: S110 - a producer's error, which the resolver reports.
             pass
 
@@ -228,6 +234,8 @@ class GeneratorShards:
         paused by backpressure resumes and sees the stop (see stops.py);
         one still running after that returns at its next batch.
         """
+        if ray_errors.ray_running():  # An epoch of one bundle tells it too.
+            self._learn()
         running = [g for _, g in self._running]
         self._running = []
         self._next_shard = len(self._shards)
