@@ -1,11 +1,10 @@
 """How many bundles a ``from_generators`` producer may have waiting in the store.
 
 Ray pauses a producer once that many of its objects wait unconsumed (its
-generator backpressure, a count fixed when the task starts). A count of 2
-keeps small bundles flowing, but with batches of many MB the trainer finds
-at most 2 objects per producer each time it looks: with a busy Python
-thread in the trainer, each look costs GIL hand-offs, and producers sit
-paused between looks (12 MB batches: 62 batches/s at 2, 196 at 16).
+generator backpressure, a count fixed when the task starts). At 2, the
+trainer finds at most 2 objects per producer each time it looks: with a
+busy Python thread in the trainer each look costs GIL hand-offs, and the
+producers sit paused between looks (BUILD_NOTES.md has the figures).
 
 Unless the user sets ``max_inflight_per_producer``, the count follows the
 bytes: as many objects as fit in ``AHEAD_BYTES`` per producer, and within
