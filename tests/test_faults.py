@@ -148,13 +148,17 @@ class _InterruptAt(keras.callbacks.Callback):
         threading.Thread(target=signal.pthread_kill, args=(main, signal.SIGINT)).start()
 
 
+PAD = 3 << 20  # Over half of producer.BUNDLE_BYTES: a batch travels alone.
+
+
 def _generated_batches(ends):
     """make_batch's batches from 2 shards (made in a function: pickled by value).
 
     A producer that returns appends to the file ``ends`` how many it made.
-    Each batch carries 1 MB the model never reads, so that each travels
-    alone (producer.py bundles smaller ones): else a whole shard is made in
-    a few bundles before fit has even traced its step.
+    Each batch carries ``PAD`` bytes the model never reads, over half a
+    bundle's bound, so that each travels alone (producer.py bundles smaller
+    ones) and the look-ahead, bounded by bytes, stays well short of a
+    shard: else a whole shard is made before fit has even traced its step.
     """
 
     def shard_batches(shard):
@@ -163,7 +167,7 @@ def _generated_batches(ends):
             for i in range(shard, BATCHES, 2):
                 rng = np.random.default_rng(i)
                 x = rng.normal(size=(ROWS, FEATURES)).astype(np.float32)
-                yield {"x": x, "y": (x.sum(axis=1) > 0).astype(np.int32), "pad": np.zeros(1 << 20, np.uint8)}
+                yield {"x": x, "y": (x.sum(axis=1) > 0).astype(np.int32), "pad": np.zeros(PAD, np.uint8)}
                 made += 1
         finally:
             with open(ends, "a") as f:
@@ -178,7 +182,7 @@ def _interruptible_source(kind, ends):
     spec = {
         "x": tf.TensorSpec([None, FEATURES], tf.float32),
         "y": tf.TensorSpec([None], tf.int32),
-        "pad": tf.TensorSpec([1 << 20], tf.uint8),
+        "pad": tf.TensorSpec([PAD], tf.uint8),
     }
     return tfray.Dataset.from_generators(_generated_batches(ends), 2, element_spec=spec, max_inflight_per_producer=2)
 
@@ -223,6 +227,7 @@ def test_keyboard_interrupt_in_fit_stops_feeders_and_a_new_fit_works(kind, how, 
         # The interrupted epoch's producers returned, stopped early: not
         # left paused, nor run on to their shard's end.
         wait_until(lambda: len(_producer_ends(ends)) >= 2)
+        print(f"interrupted at batch {interrupted.batches}: producers made {_producer_ends(ends)}")
         assert all(made < BATCHES // 2 for made in _producer_ends(ends)), _producer_ends(ends)
 
     history = model.fit(ds, epochs=2, verbose=0)
