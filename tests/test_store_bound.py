@@ -52,23 +52,35 @@ def bound_in_batches(batch_bytes, running, per_producer=PER_PRODUCER):
     return most + 2 * lookahead + 1
 
 
+def shards_of(batch_bytes):
+    """A generator function: 10 float32 batches of ``batch_bytes`` a shard."""
+
+    def gen(shard):
+        for i in range(10):
+            yield np.full(batch_bytes // 4, i, np.float32)
+
+    return gen
+
+
+def peak_while_stalled(seconds=6):
+    """The store's peak use while the consumer reads nothing for ``seconds``."""
+    peak = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        peak = max(peak, conftest.store_bytes_used())
+        time.sleep(0.05)
+    return peak
+
+
 @pytest.mark.parametrize("batch_mb", [16, 32])
 def test_a_reader_that_stops_holds_at_most_the_stated_bound(batch_mb):
     """Peak store use with a stalled consumer stays within the bound, and nothing spills."""
     size = batch_mb * MB
 
-    def gen(shard):
-        for i in range(10):
-            yield np.full(size // 4, i, np.float32)
-
-    ds = tfray.Dataset.from_generators(gen, 4, element_spec=tf.TensorSpec([None], tf.float32))
+    ds = tfray.Dataset.from_generators(shards_of(size), 4, element_spec=tf.TensorSpec([None], tf.float32))
     it = iter(conftest.without_prefetch(ds))
     first = next(it)
-    peak = 0
-    deadline = time.monotonic() + 6
-    while time.monotonic() < deadline:
-        peak = max(peak, conftest.store_bytes_used())
-        time.sleep(0.05)
+    peak = peak_while_stalled()
     bound = bound_in_batches(size, running=CPUS)
     print(f"{batch_mb} MB batches: peak {peak / size:.1f} batches, bound {bound}")
     # The producers did run ahead to their backpressure: the bound was tested.
@@ -94,11 +106,7 @@ def test_a_later_epoch_runs_ahead_by_the_batches_bytes_within_the_bound(monkeypa
 
     monkeypatch.setattr(generators, "with_backpressure", recorded)
 
-    def gen(shard):
-        for i in range(10):
-            yield np.full(size // 4, i, np.float32)
-
-    ds = tfray.Dataset.from_generators(gen, 4, element_spec=tf.TensorSpec([None], tf.float32))
+    ds = tfray.Dataset.from_generators(shards_of(size), 4, element_spec=tf.TensorSpec([None], tf.float32))
     # A first epoch: its producers start before any batch is read.
     assert sum(1 for _ in ds.take(1)) == 1
     assert counts[0] == PER_PRODUCER
@@ -106,11 +114,7 @@ def test_a_later_epoch_runs_ahead_by_the_batches_bytes_within_the_bound(monkeypa
     before = len(counts)
     it = iter(conftest.without_prefetch(ds))
     first = next(it)
-    peak = 0
-    deadline = time.monotonic() + 6
-    while time.monotonic() < deadline:
-        peak = max(peak, conftest.store_bytes_used())
-        time.sleep(0.05)
+    peak = peak_while_stalled()
     assert counts[before:] == [per_producer], counts
     bound = bound_in_batches(size, running=CPUS, per_producer=per_producer)
     print(f"a later epoch, {per_producer} per producer: peak {peak / size:.1f} batches, bound {bound}")
