@@ -167,6 +167,12 @@ size_t Channel::capacity() const {
   return capacity_;
 }
 
+size_t Channel::room() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cancelled_ || items_.size() >= capacity_) return 0;
+  return capacity_ - items_.size();
+}
+
 void Channel::SetCapacity(size_t capacity) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -141,6 +141,9 @@ class Channel {
   bool claimed() const;
   void Claim();
   size_t capacity() const;
+  // Batches the channel takes now without waiting (0 once cancelled). Only
+  // its one producer fills it, so that many pushes in a row will not block.
+  size_t room() const;
   // Lets the producer adapt how far ahead it may run (its look-ahead).
   void SetCapacity(size_t capacity);
   ChannelStats Stats() const;

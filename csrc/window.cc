@@ -1,5 +1,6 @@
 #include "window.h"
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -179,17 +180,26 @@ WindowResult PushWindow(Channel& channel, const py::list& values,
   }
   arrays.clear();  // Its references are dropped here, under the GIL.
   result.taken = batches.size();
-  py::gil_scoped_release release;
-  for (auto& batch : batches) {
-    if (channel.Push(std::move(batch), /*timeout_s=*/-1) !=
-        Channel::PushResult::kOk) {
-      break;
+  // What the channel has room for goes in with the GIL held: once given up,
+  // the GIL takes up to a switch interval (5 ms) to get back while another
+  // Python thread is busy, so it is given up only to wait for room.
+  const size_t room = channel.room();
+  auto push = [&](size_t end) {
+    for (; result.pushed < end; ++result.pushed) {
+      if (channel.Push(std::move(batches[result.pushed]), /*timeout_s=*/-1) !=
+          Channel::PushResult::kOk) {
+        return false;
+      }
     }
-    ++result.pushed;
+    return true;
+  };
+  if (push(std::min(room, batches.size())) &&
+      result.pushed < batches.size()) {
+    py::gil_scoped_release release;
+    push(batches.size());
   }
-  // Batches not pushed (the consumer cancelled) post their tokens here,
-  // GIL-free; the release thread unpins them.
-  batches.clear();
+  // Batches not pushed (the consumer cancelled) post their tokens as they
+  // are dropped, GIL-free; the release thread unpins them.
   return result;
 }
 

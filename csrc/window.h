@@ -4,7 +4,7 @@
 // PushWindow, which, under the GIL once for the window, walks each value's
 // nest against the element spec (SpecTemplate), checks dtype, shape,
 // contiguity and alignment, pins the value (NativePins) and makes its Batch;
-// then pushes them with the GIL released. A value it cannot take as it is
+// then pushes them, releasing the GIL only to wait for room. A value it cannot take as it is
 // (an error in its place, one that needs a copy, one that does not match)
 // stops the run: the Python feeder handles that one, with the message that
 // says what is wrong, and goes on with the rest. So tfray runs no Python per
@@ -93,9 +93,9 @@ struct WindowResult {
   int64_t bytes = 0;
 };
 
-// Under the GIL (released while pushing): takes values[start], values[start
-// + 1], ... while they match `spec` as they are, and pushes them in order;
-// `recording` (if given) keeps each batch taken.
+// Under the GIL (released while waiting for room): takes values[start],
+// values[start + 1], ... while they match `spec` as they are, and pushes
+// them in order; `recording` (if given) keeps each batch taken.
 WindowResult PushWindow(Channel& channel, const pybind11::list& values,
                         size_t start, const SpecTemplate& spec,
                         Recording* recording = nullptr);

@@ -3,8 +3,8 @@
 Run as a script (by test_per_window.py): a profiler set before tfray starts
 any thread sees every call on tfray's threads (dispatcher, feeders, release
 thread). Prints one JSON line: batches read, calls into tfray's own modules
-and into Ray's, the windows the feeder pushed and, for ``from_generators``,
-the producers' bundles it read.
+and into Ray's, tfray's calls into Ray's by name, the windows the feeder
+pushed and, for ``from_generators``, the producers' bundles it read.
 
     python python_calls.py BATCHES WINDOW ROWS [refs|generators]
 
@@ -33,6 +33,9 @@ RAY = os.path.dirname(ray.__file__)
 # bundles handed on; ray: calls into Ray's modules, but for those a poll
 # makes (ray_in_polls).
 counts = {"tfray": 0, "polls": 0, "rounds": 0, "windows": 0, "bundles": 0, "ray": 0, "ray_in_polls": 0}
+# Calls tfray's frames make straight into Ray's (but for a poll's), by name:
+# ``get`` and ``wait`` give up the GIL and take it back.
+ray_api = {}
 
 
 def _in_poll(frame):
@@ -40,6 +43,13 @@ def _in_poll(frame):
     while frame is not None and not frame.f_code.co_filename.startswith(TFRAY):
         frame = frame.f_back
     return frame is not None and frame.f_code.co_name == "poll"
+
+
+def _called_by_tfray(frame):
+    """Whether ``frame`` is tfray's, or Ray's decorators' (``wrapper``) called by tfray."""
+    while frame is not None and frame.f_code.co_name == "wrapper" and frame.f_code.co_filename.startswith(RAY):
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_filename.startswith(TFRAY)
 
 
 def profile(frame, event, arg):
@@ -60,7 +70,11 @@ def profile(frame, event, arg):
         elif name == "labels" and filename.endswith("streams.py"):
             counts["bundles"] += 1
     elif filename.startswith(RAY):
-        counts["ray_in_polls" if _in_poll(frame.f_back) else "ray"] += 1
+        in_poll = _in_poll(frame.f_back)
+        counts["ray_in_polls" if in_poll else "ray"] += 1
+        if not in_poll and frame.f_code.co_name != "wrapper" and _called_by_tfray(frame.f_back):
+            name = frame.f_code.co_name
+            ray_api[name] = ray_api.get(name, 0) + 1
 
 
 def produce(shard, batches, rows):
@@ -91,7 +105,7 @@ def main(batches, window, rows, source="refs"):
     threading.setprofile(None)
     assert got == sum(range(batches)), got
     stats = ds.stats()[-1]
-    print(json.dumps(dict(counts, batches=stats.batches, copied=stats.bytes_copied)))
+    print(json.dumps(dict(counts, ray_api=ray_api, batches=stats.batches, copied=stats.bytes_copied)))
     ray.shutdown()
 
 

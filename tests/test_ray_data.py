@@ -1,5 +1,7 @@
 """tfray.Dataset.from_ray_data: a drop-in for Ray Data's to_tf()."""
 
+import time
+
 import numpy as np
 import pytest
 import ray
@@ -77,15 +79,25 @@ def test_the_pipeline_runs_once_per_epoch_and_learns_its_schema_as_to_tf_does():
         ray.get(counter.add.remote(len(batch["x"])))
         return batch
 
+    def settled():
+        # to_tf's schema probe runs the pipeline until a first block is out; how
+        # many tasks start before it stops varies (all of them, on a loaded
+        # machine), and one still running may add its rows after it returns.
+        last, deadline = ray.get(counter.get.remote()), time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            now = ray.get(counter.get.remote())
+            if now == last:
+                return now
+            last = now
+        return last
+
     table().map_batches(count).to_tf("x", "y", batch_size=32)
-    # to_tf's schema probe runs the pipeline until a first block is out; how
-    # many tasks start before it stops varies (all of them, on a loaded
-    # machine), but never more than one epoch.
-    theirs = ray.get(counter.get.remote())
-    assert 0 < theirs <= ROWS
+    theirs = settled()
+    assert 0 < theirs <= ROWS  # Never more than one epoch.
     data = table().map_batches(count)  # A new dataset: Ray caches a schema it learned.
     ds = tfray.Dataset.from_ray_data(data, "x", "y", batch_size=32)
-    built = ray.get(counter.get.remote())
+    built = settled()
     assert 0 < built - theirs <= ROWS
     assert sum(int(x.shape[0]) for x, _ in ds) == ROWS
     assert ray.get(counter.get.remote()) == built + ROWS

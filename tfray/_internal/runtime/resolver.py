@@ -2,8 +2,8 @@
 
 Refs for up to a look-ahead's ``limit`` of batches wait in a window; each
 call hands back the longest run of resolved refs at the window's head (one
-``ray.wait`` and one ``ray.get`` for many batches, so the GIL is taken per
-window, not per batch).
+``ray.get``, or one ``ray.wait`` and one ``ray.get``, for many batches, so the
+GIL is taken per window, not per batch).
 Over producers' bundles (streams.py), the look-ahead still counts batches:
 a ref stands for as many as the bundles resolved so far held, on average.
 """
@@ -28,6 +28,7 @@ class RefResolver:
         self.lookahead = lookahead
         self._window = collections.deque()  # (label, ref); feeder thread only.
         self._per_ref = 1.0  # Batches a ref stands for, on average.
+        self._all_ready = True  # The last window was resolved whole, at once.
 
     @property
     def in_flight(self):
@@ -43,10 +44,12 @@ class RefResolver:
             self._window.extend(self._refs.take(wanted, 0 if self._window else timeout))
         if not self._window:
             return None if self._refs.done else []
-        ready = self._ready_prefix(timeout)
-        if not ready:
-            return []
-        items = self._resolve(ready)
+        items = self._get_window() if self._all_ready else None
+        if items is None:
+            ready = self._ready_prefix(timeout)
+            if not ready:
+                return []
+            items = self._resolve(ready)
         if isinstance(items[0][0], Bundle):  # A stream's refs are all bundles, or none.
             batches = sum(batches_in(label, value) for label, value, _ in items)
             self._per_ref += 0.5 * (batches / len(items) - self._per_ref)
@@ -55,6 +58,25 @@ class RefResolver:
     def close(self):
         self._window.clear()
         self._refs.close()
+
+    def _get_window(self):
+        """The whole window's items if every ref in it is ready now; else None.
+
+        One Ray call where ``ray.wait`` then ``ray.get`` takes two: each gives
+        up the GIL and takes it back, which takes up to a switch interval
+        (5 ms) while another Python thread is busy. Once it finds a ref not
+        ready, it waits until the slow path finds a whole window ready, so
+        that refs on their way (from another node, or spilled) cost no extra
+        call per window.
+        """
+        try:
+            values = ray_api.get([ref for _, ref in self._window], timeout=0)
+        except Exception:  # Not every one ready, or one failed: the slow path says which.
+            self._all_ready = False
+            return None
+        items = [(label, value, None) for (label, _), value in zip(self._window, values)]
+        self._window.clear()
+        return items
 
     def _ready_prefix(self, timeout):
         # One call when the window is resolved (the common case); every Ray
@@ -67,6 +89,7 @@ class RefResolver:
                 return []
             done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
         done = set(done)
+        self._all_ready = len(done) == len(unique)
         ready = []
         while self._window and self._window[0][1] in done:
             ready.append(self._window.popleft())
