@@ -5,7 +5,10 @@ modules over an epoch (tests/python_calls.py, in a process of its own so
 that it sees the threads start). Were any of tfray's Python to run per batch
 (a spec check, a pin, an entry built per batch), the calls would grow with
 the batches; they grow with the windows. Ray's own calls (its
-deserialization in ray.get, per object) are reported beside them.
+deserialization in ray.get, per object) are reported beside them. Where
+every object is ready from the start, a window costs one call into Ray that
+gives up the GIL (``ray.get``, no ``ray.wait`` first): with a busy Python
+thread each such call can cost a switch interval.
 
 ``from_generators`` producers put their batches in the store in bundles
 (sources/producer.py): there tfray's calls grow with the windows and the
@@ -50,6 +53,7 @@ def count(batches, window, rows, source="refs"):
 @pytest.mark.parametrize(
     "rows, where",
     [(16, "inline (16 KB, in this process's heap)"), (256, "in the object store (256 KB, 800 MB of them: some spilled)")],
+    ids=["inline", "store"],
 )
 def test_tfray_python_runs_per_window_not_per_batch(rows, where):
     got = count(batches=3200, window=256, rows=rows)
