@@ -4,11 +4,11 @@
 // PushWindow, which, under the GIL once for the window, walks each value's
 // nest against the element spec (SpecTemplate), checks dtype, shape,
 // contiguity and alignment, pins the value (NativePins) and makes its Batch;
-// then pushes them, releasing the GIL only to wait for room. A value it cannot take as it is
-// (an error in its place, one that needs a copy, one that does not match)
-// stops the run: the Python feeder handles that one, with the message that
-// says what is wrong, and goes on with the rest. So tfray runs no Python per
-// batch on the fast path; only per window.
+// then pushes them, releasing the GIL only to wait for room. A value it
+// cannot take as it is (an error in its place, one that needs a copy, one
+// that does not match) stops the run: the Python feeder handles that one,
+// with the message that says what is wrong, and goes on with the rest. So
+// tfray runs no Python per batch on the fast path; only per window.
 #ifndef TFRAY_CSRC_WINDOW_H_
 #define TFRAY_CSRC_WINDOW_H_
 

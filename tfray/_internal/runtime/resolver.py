@@ -28,7 +28,7 @@ class RefResolver:
         self.lookahead = lookahead
         self._window = collections.deque()  # (label, ref); feeder thread only.
         self._per_ref = 1.0  # Batches a ref stands for, on average.
-        self._all_ready = True  # The last window was resolved whole, at once.
+        self._all_ready = True  # Try the whole window in one ray.get (_get_window).
 
     @property
     def in_flight(self):
