@@ -72,6 +72,10 @@ class RefResolver:
         try:
             values = ray_api.get([ref for _, ref in self._window], timeout=0)
         except Exception:  # Not every one ready, or one failed: the slow path says which.
+            # But not once Ray is going: a Ray call that its shutdown
+            # overtakes ends the process (ray_api).
+            if not ray_errors.ray_running():
+                raise ray_errors.shutdown_error() from None
             self._all_ready = False
             return None
         items = [(label, value, None) for (label, _), value in zip(self._window, values)]
