@@ -111,6 +111,7 @@ setup(
                 "csrc/dataset_op.cc",
                 "csrc/inplace_ops.cc",
                 "csrc/ops.cc",
+                "csrc/store_map.cc",
                 "csrc/window.cc",
                 "csrc/bindings.cc",
             ],

@@ -21,29 +21,20 @@ namespace py = pybind11;
 namespace tfray {
 namespace {
 
-// Reads one batch's arrays (under the GIL). The arrays stay alive through
-// the Python pin that `token` names, not through this struct.
+// One batch's arrays as MakeBatch takes them (under the GIL). The arrays
+// stay alive through the Python pin that `token` names, not through this.
 Batch ToBatch(const py::list& arrays, const std::vector<int>& dtypes,
-              uint64_t token) {
-  if (arrays.size() != dtypes.size()) {
-    throw py::value_error("arrays and dtypes differ in length");
-  }
-  Batch batch;
-  batch.token = std::make_shared<ReleaseToken>(ReleaseQueue::Global(), token);
-  batch.arrays.reserve(arrays.size());
-  for (size_t i = 0; i < arrays.size(); ++i) {
-    auto a = py::reinterpret_borrow<py::array>(arrays[i]);
+              uint64_t token, StoreLookup* store) {
+  std::vector<py::array> checked;
+  checked.reserve(arrays.size());
+  for (const auto& item : arrays) {
+    auto a = py::reinterpret_borrow<py::array>(item);
     if (!(a.flags() & py::array::c_style)) {
       throw py::value_error("array is not C-contiguous");
     }
-    ArrayRef ref;
-    ref.data = a.data();
-    ref.nbytes = static_cast<size_t>(a.nbytes());
-    ref.dtype = dtypes[i];
-    ref.shape.assign(a.shape(), a.shape() + a.ndim());
-    batch.arrays.push_back(std::move(ref));
+    checked.push_back(std::move(a));
   }
-  return batch;
+  return MakeBatch(checked, dtypes, token, store);
 }
 
 py::dict StatsDict(const ChannelStats& s) {
@@ -52,6 +43,9 @@ py::dict StatsDict(const ChannelStats& s) {
   d["bytes_pushed"] = s.bytes_pushed;
   d["batches_delivered"] = s.batches_delivered;
   d["bytes_delivered"] = s.bytes_delivered;
+  d["arrays_delivered"] = s.arrays_delivered;
+  d["bytes_in_store"] = s.bytes_in_store;
+  d["arrays_in_store"] = s.arrays_in_store;
   d["bytes_copied"] = s.bytes_copied;
   d["arrays_copied"] = s.arrays_copied;
   d["get_next_calls"] = s.get_next_calls;
@@ -115,11 +109,12 @@ PYBIND11_MODULE(_native, m) {
             };
             std::vector<Pending> pending;
             pending.reserve(batches.size());
+            tfray::StoreLookup store;
             for (const auto& entry : batches) {
               auto t = py::reinterpret_borrow<py::tuple>(entry);
               pending.push_back(
                   {tfray::ToBatch(t[0].cast<py::list>(), dtypes,
-                                  t[1].cast<uint64_t>()),
+                                  t[1].cast<uint64_t>(), &store),
                    t[2].cast<int64_t>(), t[3].cast<int64_t>()});
             }
             py::gil_scoped_release release;
@@ -270,6 +265,20 @@ PYBIND11_MODULE(_native, m) {
   m.def(
       "native_pins", [] { return tfray::NativePins::Global().size(); },
       "How many batches push_window pinned that are not yet released.");
+  m.def(
+      "in_object_store",
+      [](uintptr_t address, size_t nbytes, bool maps_file) {
+        tfray::StoreLookup store(maps_file
+                                     ? tfray::StoreLookup::Method::kMapsFile
+                                     : tfray::StoreLookup::Method::kAuto);
+        return store.Contains(reinterpret_cast<const void*>(address), nbytes);
+      },
+      py::arg("address"), py::arg("nbytes"), py::arg("maps_file") = false,
+      "Whether [address, address + nbytes) lies in Ray's object store, as "
+      "the stats decide it (store_map.h); maps_file: by /proc/self/maps.");
+  m.def("kernel_store_query", &tfray::StoreLookup::KernelQueryAvailable,
+        "Whether the kernel answers store lookups (PROCMAP_QUERY), rather "
+        "than /proc/self/maps read once per push.");
   m.def("built_tf_version", [] { return std::string(TFRAY_BUILT_TF_VERSION); });
   m.attr("TENSOR_ALIGNMENT") = TFRAY_TENSOR_ALIGNMENT;
 }

@@ -55,12 +55,23 @@ Channel::Channel(size_t capacity)
 
 Channel::~Channel() { Cancel(); }
 
+Channel::Item Channel::BatchItem(Batch batch) {
+  Item item;
+  for (const ArrayRef& a : batch.arrays) {
+    item.bytes += a.nbytes;
+    if (a.in_store) {
+      item.bytes_in_store += a.nbytes;
+      ++item.arrays_in_store;
+    }
+  }
+  item.batch = std::move(batch);
+  return item;
+}
+
 Channel::PushResult Channel::Push(Batch batch, double timeout_s,
                                   int64_t bytes_copied, int64_t arrays_copied) {
-  Item item;
-  for (const ArrayRef& a : batch.arrays) item.bytes += a.nbytes;
-  item.batch = std::move(batch);
-  return PushItem(std::move(item), timeout_s, bytes_copied, arrays_copied);
+  return PushItem(BatchItem(std::move(batch)), timeout_s, bytes_copied,
+                  arrays_copied);
 }
 
 Channel::PushResult Channel::PushError(Code code, std::string message,
@@ -121,6 +132,9 @@ Channel::PopResult Channel::Pop(Batch* batch, Code* code,
     if (item.code == Code::kOk) {
       ++stats_.batches_delivered;
       stats_.bytes_delivered += item.bytes;
+      stats_.arrays_delivered += item.batch.arrays.size();
+      stats_.bytes_in_store += item.bytes_in_store;
+      stats_.arrays_in_store += item.arrays_in_store;
       stats_.bytes_copied += item.bytes_copied;
       stats_.arrays_copied += item.arrays_copied;
     }
@@ -150,9 +164,7 @@ void Channel::Preload(const std::vector<Batch>& batches, size_t start) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = start; i < batches.size(); ++i) {
-      Item item;
-      item.batch = batches[i];
-      for (const ArrayRef& a : item.batch.arrays) item.bytes += a.nbytes;
+      Item item = BatchItem(batches[i]);
       ++stats_.batches_pushed;
       stats_.bytes_pushed += item.bytes;
       items_.push_back(std::move(item));

@@ -60,6 +60,9 @@ struct ArrayRef {
   size_t nbytes = 0;
   int dtype = 0;  // A tensorflow::DataType value; opaque here.
   std::vector<int64_t> shape;
+  // Whether the bytes lie in Ray's object store, by address (store_map.h),
+  // decided when the batch is made: zero-copy in the stats.
+  bool in_store = false;
 };
 
 struct Batch {
@@ -86,8 +89,13 @@ struct ChannelStats {
   int64_t bytes_pushed = 0;
   int64_t batches_delivered = 0;
   int64_t bytes_delivered = 0;
+  int64_t arrays_delivered = 0;
+  // Of the delivered arrays, those whose bytes lie in Ray's object store
+  // (ArrayRef::in_store): TensorFlow reads the store's own bytes.
+  int64_t bytes_in_store = 0;
+  int64_t arrays_in_store = 0;
   // Of the delivered batches, what the feeder had to copy (it reports the
-  // copies it made with each batch).
+  // copies it made with each batch): tfray's copies, apart from upstream's.
   int64_t bytes_copied = 0;
   int64_t arrays_copied = 0;
   int64_t get_next_calls = 0;
@@ -154,9 +162,14 @@ class Channel {
     Code code = Code::kOk;  // kOk: a batch; otherwise an error.
     std::string message;
     int64_t bytes = 0;
+    int64_t bytes_in_store = 0;
+    int64_t arrays_in_store = 0;
     int64_t bytes_copied = 0;
     int64_t arrays_copied = 0;
   };
+
+  // An item carrying `batch`, its byte counts filled in.
+  static Item BatchItem(Batch batch);
 
   PushResult PushItem(Item item, double timeout_s, int64_t bytes_copied,
                       int64_t arrays_copied);

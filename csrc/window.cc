@@ -65,7 +65,7 @@ SpecTemplate::SpecTemplate(py::handle structure, const py::list& leaves,
         leaf.shape.push_back(d.is_none() ? -1 : d.cast<int64_t>());
       }
     }
-    leaf.tf_dtype = t[2].cast<int>();
+    tf_dtypes_.push_back(t[2].cast<int>());
     leaves_.push_back(std::move(leaf));
   }
 }
@@ -147,8 +147,12 @@ bool SpecTemplate::Walk(py::handle value, const Node& node,
   return true;
 }
 
-Batch SpecTemplate::MakeBatch(const std::vector<py::array>& arrays,
-                              uint64_t id, int64_t* nbytes) const {
+Batch MakeBatch(const std::vector<py::array>& arrays,
+                const std::vector<int>& tf_dtypes, uint64_t id,
+                StoreLookup* store) {
+  if (arrays.size() != tf_dtypes.size()) {
+    throw py::value_error("arrays and dtypes differ in length");
+  }
   Batch batch;
   batch.token = std::make_shared<ReleaseToken>(ReleaseQueue::Global(), id);
   batch.arrays.reserve(arrays.size());
@@ -157,9 +161,9 @@ Batch SpecTemplate::MakeBatch(const std::vector<py::array>& arrays,
     ArrayRef ref;
     ref.data = a.data();
     ref.nbytes = static_cast<size_t>(a.nbytes());
-    ref.dtype = leaves_[i].tf_dtype;
+    ref.dtype = tf_dtypes[i];
     ref.shape.assign(a.shape(), a.shape() + a.ndim());
-    *nbytes += static_cast<int64_t>(ref.nbytes);
+    ref.in_store = store->Contains(ref.data, ref.nbytes);
     batch.arrays.push_back(std::move(ref));
   }
   return batch;
@@ -171,11 +175,13 @@ WindowResult PushWindow(Channel& channel, const py::list& values,
   WindowResult result;
   std::vector<Batch> batches;
   std::vector<py::array> arrays;
+  StoreLookup store;
   for (size_t i = start; i < values.size(); ++i) {
     py::handle value = PyList_GET_ITEM(values.ptr(), i);
     if (!spec.Match(value, &arrays)) break;
-    batches.push_back(
-        spec.MakeBatch(arrays, NativePins::Global().Pin(value), &result.bytes));
+    batches.push_back(MakeBatch(arrays, spec.tf_dtypes(),
+                                NativePins::Global().Pin(value), &store));
+    for (const ArrayRef& a : batches.back().arrays) result.bytes += a.nbytes;
     if (recording != nullptr) recording->Add(batches.back());
   }
   arrays.clear();  // Its references are dropped here, under the GIL.

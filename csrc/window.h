@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "channel.h"
+#include "store_map.h"
 
 namespace tfray {
 
@@ -57,9 +58,8 @@ class SpecTemplate {
   // Under the GIL: the arrays of `value` in flat order, if it matches the
   // spec and no array needs a copy (C-contiguous and aligned).
   bool Match(pybind11::handle value, std::vector<pybind11::array>* arrays) const;
-  // The batch over `arrays`, released through token `id`; adds its bytes.
-  Batch MakeBatch(const std::vector<pybind11::array>& arrays, uint64_t id,
-                  int64_t* nbytes) const;
+  // Per leaf, its TF dtype enum.
+  const std::vector<int>& tf_dtypes() const { return tf_dtypes_; }
 
  private:
   struct Node {
@@ -72,7 +72,6 @@ class SpecTemplate {
     pybind11::dtype dtype;
     int rank = -1;               // -1: any rank.
     std::vector<int64_t> shape;  // -1: any size.
-    int tf_dtype = 0;
   };
 
   static Node Parse(pybind11::handle structure);
@@ -81,8 +80,16 @@ class SpecTemplate {
 
   Node root_;
   std::vector<Leaf> leaves_;
+  std::vector<int> tf_dtypes_;
   size_t alignment_;
 };
+
+// The one way a batch is made, under the GIL: over `arrays` (C-contiguous,
+// in flat spec order, kept alive by the pin `id` names), typed by
+// `tf_dtypes`, each array's place (in the store or not) asked of `store`.
+Batch MakeBatch(const std::vector<pybind11::array>& arrays,
+                const std::vector<int>& tf_dtypes, uint64_t id,
+                StoreLookup* store);
 
 // How far PushWindow got: `taken` values made into batches (from `start`),
 // of which `pushed` went into the channel (fewer only if it was cancelled),

@@ -13,10 +13,22 @@ class IteratorStats:
     Attributes:
         batches: batches delivered to TensorFlow.
         bytes: bytes delivered to TensorFlow.
-        bytes_zero_copy: of ``bytes``, those handed over without a copy.
-        bytes_copied: of ``bytes``, those that had to be copied once
-            (unaligned or non-contiguous arrays).
-        arrays_copied: how many delivered arrays were copied.
+        bytes_zero_copy: of ``bytes``, those TensorFlow reads in Ray's
+            object store itself: decided by each array's address when it is
+            pushed, not by what tfray did not copy.
+        bytes_copied: of ``bytes``, those that lie anywhere else: copies,
+            whoever made them (``bytes_copied_by_tfray`` plus
+            ``bytes_copied_upstream``).
+        bytes_copied_by_tfray: of ``bytes_copied``, tfray's own copies
+            (unaligned or non-contiguous arrays, a cast to the spec's dtype,
+            strings and ragged columns, a batch gathered from several
+            Ray Data blocks or chunks).
+        bytes_copied_upstream: of ``bytes_copied``, bytes that reached
+            tfray outside the store already: Ray's inline task results
+            (under about 100 KB), arrays Ray or Arrow assembled in the
+            trainer, Ray Data batches read through ``iter_batches``.
+        arrays_copied: how many delivered arrays lie outside the store.
+        arrays_copied_by_tfray: of ``arrays_copied``, those tfray copied.
         consumer_wait_s: time TensorFlow waited on an empty channel
             (the pipeline was input-bound).
         producer_wait_s: time the feeder waited on a full channel
@@ -37,7 +49,10 @@ class IteratorStats:
     bytes: int
     bytes_zero_copy: int
     bytes_copied: int
+    bytes_copied_by_tfray: int
+    bytes_copied_upstream: int
     arrays_copied: int
+    arrays_copied_by_tfray: int
     consumer_wait_s: float
     producer_wait_s: float
     active_s: float

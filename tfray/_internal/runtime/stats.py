@@ -5,12 +5,18 @@ from tfray.stats import IteratorStats
 
 def of_feeder(feeder):
     s = feeder.channel.stats()
+    # Zero-copy is where the bytes are (the store, by address); a copy is
+    # anything else. tfray's own copies lie outside the store too.
+    copied = s["bytes_delivered"] - s["bytes_in_store"]
     return IteratorStats(
         batches=s["batches_delivered"],
         bytes=s["bytes_delivered"],
-        bytes_zero_copy=s["bytes_delivered"] - s["bytes_copied"],
-        bytes_copied=s["bytes_copied"],
-        arrays_copied=s["arrays_copied"],
+        bytes_zero_copy=s["bytes_in_store"],
+        bytes_copied=copied,
+        bytes_copied_by_tfray=s["bytes_copied"],
+        bytes_copied_upstream=copied - s["bytes_copied"],
+        arrays_copied=s["arrays_delivered"] - s["arrays_in_store"],
+        arrays_copied_by_tfray=s["arrays_copied"],
         consumer_wait_s=s["consumer_wait_s"],
         producer_wait_s=s["producer_wait_s"],
         active_s=s["active_s"],

@@ -4,10 +4,12 @@ Two ways to read an epoch:
 
 - ``BlockBatches`` (a ``Dataset`` without local shuffling): Ray Data's
   streaming execution yields block refs; tfray resolves them ahead in bulk
-  like any refs and slices each block into batches itself. A batch that lies
-  within one block is a view of the block in the object store, so fixed-shape
-  numeric and tensor columns reach TF without a copy (where aligned); a batch
-  spanning blocks is concatenated, one copy.
+  like any refs and slices each block into batches itself, chunk by chunk
+  (a block is an Arrow table whose columns may be several chunks). A batch
+  that lies within one chunk is a view of the block in the object store, so
+  fixed-shape numeric and tensor columns reach TF without a copy (where
+  aligned); a batch spanning chunks or blocks is concatenated, one copy,
+  counted as tfray's.
 - ``IterBatches`` (a ``DataIterator``, e.g. a Ray Train shard, or local
   shuffling): Ray Data's own ``iter_batches``, one batch per Python call.
 """
@@ -336,19 +338,20 @@ class BlockBatches:
         from ray.data.block import BlockAccessor
 
         accessor = BlockAccessor.for_block(block)
-        rows = accessor.num_rows()
-        if rows:
-            names = accessor.column_names()
-            for name in self._columns or ():
-                if name not in names:
-                    raise BatchError(
-                        Code.INVALID_ARGUMENT,
-                        f"column {name!r} is not in the Ray dataset; its columns are {sorted(names)}",
-                    )
-            # Views of the block's buffers for fixed-shape numeric columns.
-            columns = accessor.to_numpy(self._columns)
+        if not accessor.num_rows():
+            return
+        names = accessor.column_names()
+        for name in self._columns or ():
+            if name not in names:
+                raise BatchError(
+                    Code.INVALID_ARGUMENT,
+                    f"column {name!r} is not in the Ray dataset; its columns are {sorted(names)}",
+                )
+        for piece in _single_chunk_pieces(block, self._columns or names):
+            # Views of the piece's buffers for fixed-shape numeric columns.
+            columns = BlockAccessor.for_block(piece).to_numpy(self._columns)
             self._chunks.append(columns)
-            self._rows += rows
+            self._rows += len(next(iter(columns.values())))
 
     def _take(self, n):
         """The next n rows and the columns copied: a view of one chunk where it holds them."""
@@ -375,6 +378,30 @@ class BlockBatches:
                 needed = 0
         self._rows -= n
         return {c: _concatenate(c, [p[c] for p in pieces]) for c in first}, first.keys()
+
+
+def _single_chunk_pieces(block, columns):
+    """``block`` cut where any of ``columns`` starts a new Arrow chunk.
+
+    Ray Data's ``to_numpy`` concatenates a column's chunks, a copy; a piece
+    whose columns are one chunk each converts to numpy as views of the
+    block's own buffers. A pandas block, or an Arrow block of one chunk per
+    column, is one piece.
+    """
+    import pyarrow as pa
+
+    if not isinstance(block, pa.Table):
+        return [block]
+    cuts = set()
+    for name in columns:
+        offset = 0
+        for chunk in block.column(name).chunks:
+            offset += len(chunk)
+            cuts.add(offset)
+    bounds = sorted(cuts | {0, block.num_rows})
+    if len(bounds) == 2:
+        return [block]
+    return [block.slice(a, b - a) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 def _concatenate(column, arrays):
