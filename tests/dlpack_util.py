@@ -98,3 +98,35 @@ def assert_zero_copy(tensor, what="the tensor"):
         f"{len(object_store_mappings())} mappings of Ray's object store: it was copied"
     )
     return path
+
+
+def bytes_by_address(elements):
+    """``(bytes, bytes in Ray's object store)`` of every tensor in ``elements``, by address.
+
+    Independent of tfray: each tensor's data pointer (DLPack) against this
+    process's store mappings now. Hold the elements while calling, so no
+    buffer is freed and its address reused first.
+    """
+    stores = object_store_mappings()
+    total = in_store = 0
+    for element in elements:
+        for tensor in tf.nest.flatten(element):
+            address = data_pointer(tensor)
+            nbytes = tensor.dtype.size * int(tf.size(tensor))
+            total += nbytes
+            if any(low <= address and address + nbytes <= high for low, high, _ in stores):
+                in_store += nbytes
+    return total, in_store
+
+
+def assert_stats_match_addresses(stats, elements, what="the epoch"):
+    """Fails unless ``stats`` (one IteratorStats) says what the addresses of ``elements`` say."""
+    total, in_store = bytes_by_address(elements)
+    assert total > 0, f"{what}: nothing delivered"
+    assert stats.bytes == total, f"{what}: stats count {stats.bytes} bytes delivered, TF holds {total}"
+    assert (stats.bytes_zero_copy, stats.bytes_copied) == (in_store, total - in_store), (
+        f"{what}: stats say {stats.bytes_zero_copy} of {total} bytes zero-copy; "
+        f"by address, {in_store} lie in Ray's object store"
+    )
+    assert stats.bytes_copied == stats.bytes_copied_by_tfray + stats.bytes_copied_upstream
+    return total, in_store

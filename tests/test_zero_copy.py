@@ -6,7 +6,7 @@ import ray
 import tensorflow as tf
 
 import tfray
-from dlpack_util import assert_zero_copy, data_pointer
+from dlpack_util import assert_stats_match_addresses, assert_zero_copy, data_pointer
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
@@ -111,3 +111,69 @@ def test_tf_never_writes_into_the_object_store():
     (out,) = list(ds)
     np.testing.assert_array_equal(out.numpy(), np.maximum(-a, 0) + 1.0)
     np.testing.assert_array_equal(ray.get(ref), a)
+
+
+def test_from_refs_stats_match_addresses_over_epochs():
+    """Plasma objects, inline task results, unaligned and Fortran arrays: stats by address, each epoch."""
+
+    @ray.remote
+    def inline(i):
+        return np.full((4, 64), i, np.float32)  # 1 KB: Ray returns it inline, a copy in the heap.
+
+    @ray.remote
+    def plasma(i):
+        return np.full((1024, 64), i, np.float32)  # 256 KB: in the store.
+
+    refs = [plasma.remote(0), inline.remote(1), plasma.remote(2), inline.remote(3)]
+    ds = tfray.Dataset(refs, element_spec=tf.TensorSpec([None, 64], tf.float32))
+    for epoch in range(2):  # The second epoch is a replay of the first.
+        elements = list(ds)
+        assert len(elements) == 4
+        stats = ds.stats()[-1]
+        total, in_store = assert_stats_match_addresses(stats, elements, f"epoch {epoch}")
+        assert in_store == 2 * 1024 * 64 * 4
+        assert stats.bytes_copied_upstream == 2 * 4 * 64 * 4 and stats.bytes_copied_by_tfray == 0
+
+    fortran = ray.put(np.asfortranarray(np.ones((300, 200), np.float32)))
+    ds = tfray.Dataset([fortran])
+    elements = list(ds)
+    stats = ds.stats()[-1]
+    assert_stats_match_addresses(stats, elements, "a Fortran array")
+    assert stats.bytes_copied == stats.bytes_copied_by_tfray == 300 * 200 * 4
+    assert stats.arrays_copied == stats.arrays_copied_by_tfray == 1
+
+
+def test_from_generators_stats_match_addresses():
+    """Small batches bundled into one object, and batches over the store's size (fallback files)."""
+
+    def produce(arg):
+        import numpy as np
+
+        shard, rows = arg
+        for j in range(3):
+            yield np.full((rows, 1024), 10 * shard + j, np.float32)
+
+    small = tfray.Dataset.from_generators(
+        produce, [(0, 4), (1, 4)], element_spec=tf.TensorSpec([None, 1024], tf.float32),
+        ray_remote_args={"num_cpus": 0},
+    )
+    elements = list(small)
+    assert len(elements) == 6
+    assert_stats_match_addresses(small.stats()[-1], elements, "bundled 16 KB batches")
+
+    # 160 MB, over the test's 150 MB store: Ray writes it to a fallback file.
+    rows = 160 * 1024 * 1024 // 4096
+    big = tfray.Dataset.from_generators(
+        produce, [(0, rows)], element_spec=tf.TensorSpec([None, 1024], tf.float32),
+        ray_remote_args={"num_cpus": 0},
+    )
+    seen = 0  # Batches are checked one at a time: three would not fit on the disk at once.
+    for batch in big:
+        path = assert_zero_copy(batch, f"batch {seen} over the store's size")
+        assert "/dev/shm/" not in path, f"precondition: a fallback file, not {path}"
+        seen += 1
+        stats = big.stats()[-1]
+        assert stats.bytes_zero_copy == stats.bytes == seen * rows * 4096
+        assert stats.bytes_copied == 0
+        del batch
+    assert seen == 3

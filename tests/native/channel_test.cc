@@ -336,7 +336,9 @@ void TestStats() {
   CHECK(s.batches_pushed == 0 && s.queued == 0 && s.get_next_calls == 0);
   CHECK(!s.closed && !s.cancelled);
 
-  CHECK(ch.Push(MakeBatch(501, {100, 28}), 0, /*bytes_copied=*/100,
+  Batch first = MakeBatch(501, {100, 28});
+  first.arrays[1].in_store = true;  // 28 bytes read in the store itself.
+  CHECK(ch.Push(std::move(first), 0, /*bytes_copied=*/100,
                 /*arrays_copied=*/1) == Channel::PushResult::kOk);
   CHECK(ch.Push(MakeBatch(502, {64}), 0, /*bytes_copied=*/64,
                 /*arrays_copied=*/1) == Channel::PushResult::kOk);
@@ -362,6 +364,8 @@ void TestStats() {
   s = ch.Stats();
   CHECK(s.batches_delivered == 1);
   CHECK(s.bytes_delivered == 128);
+  CHECK(s.arrays_delivered == 2);
+  CHECK(s.bytes_in_store == 28 && s.arrays_in_store == 1);
   CHECK(s.bytes_copied == 100);
   CHECK(s.arrays_copied == 1);
   CHECK(s.get_next_calls == 1);
@@ -378,6 +382,8 @@ void TestStats() {
   CHECK(s.bytes_pushed == 192);
   CHECK(s.batches_delivered == 2);
   CHECK(s.bytes_delivered == 192);
+  CHECK(s.arrays_delivered == 3);
+  CHECK(s.bytes_in_store == 28 && s.arrays_in_store == 1);
   CHECK(s.bytes_copied == 164);
   CHECK(s.arrays_copied == 2);
   CHECK(s.get_next_calls == 4);  // Every Pop counts, the end included.
