@@ -116,6 +116,7 @@ def train_loop_per_worker(config):
                 tfray_batches=delivered[-1].batches,
                 bytes_zero_copy=delivered[-1].bytes_zero_copy,
                 bytes_copied=delivered[-1].bytes_copied,
+                bytes_copied_by_tfray=delivered[-1].bytes_copied_by_tfray,
             )
             ray.get(ledger.record.remote(worker, epoch, report))
 

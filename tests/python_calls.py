@@ -105,7 +105,7 @@ def main(batches, window, rows, source="refs"):
     threading.setprofile(None)
     assert got == sum(range(batches)), got
     stats = ds.stats()[-1]
-    print(json.dumps(dict(counts, ray_api=ray_api, batches=stats.batches, copied=stats.bytes_copied)))
+    print(json.dumps(dict(counts, ray_api=ray_api, batches=stats.batches, copied=stats.bytes_copied_by_tfray)))
     ray.shutdown()
 
 

@@ -151,7 +151,7 @@ CASES = [
     ("dynamic lease 0", lambda e: tfray.DynamicSharding(lease_timeout_s=0), ValueError, "DynamicSharding.lease_timeout_s: expected > 0, got 0"),
     # stats and IteratorStats take no arguments.
     ("stats arg", lambda e: e.ds.stats(1), TypeError, "stats() takes 1 positional argument"),
-    ("verdict arg", lambda e: tfray.IteratorStats(*[0] * 14).verdict(1), TypeError, "verdict() takes 1 positional argument"),
+    ("verdict arg", lambda e: tfray.IteratorStats(*[0] * 17).verdict(1), TypeError, "verdict() takes 1 positional argument"),
 ]
 
 
@@ -199,7 +199,7 @@ def test_the_valid_calls_behind_these_cases_work(env):
     assert sorted(np.concatenate([b.numpy() for b in ds]).tolist()) == list(range(8))
     stats = env.ds.stats()
     assert all(isinstance(s, tfray.IteratorStats) for s in stats)
-    assert tfray.IteratorStats(*[0] * 14).verdict().startswith("idle")
+    assert tfray.IteratorStats(*[0] * 17).verdict().startswith("idle")
 
 
 def test_counts_take_numpy_ints(env):

@@ -63,7 +63,7 @@ def test_tfray_python_runs_per_window_not_per_batch(rows, where):
         f"{got['ray']} ({got['ray'] / got['batches']:.1f} a batch); {got['rounds']} turns of "
         f"the feeder, {got['polls']} calls in polls; tfray's calls into Ray {got['ray_api']}"
     )
-    assert got["batches"] == 3200 and got["copied"] == 0  # Every batch took the native path.
+    assert got["batches"] == 3200 and got["copied"] == 0  # Every batch took the native path: tfray copied none.
     assert got["windows"] < got["batches"] / 8, got  # Windows of many batches.
     idle_rounds = got["rounds"] - got["windows"]
     assert got["tfray"] <= CALLS_PER_WINDOW * got["windows"] + CALLS_PER_IDLE_ROUND * idle_rounds + 20, got

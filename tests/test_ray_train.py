@@ -36,4 +36,8 @@ def test_two_workers_fit_on_disjoint_halves_covering_every_row(tmp_path):
         # what the model trained on: nothing read only to be dropped.
         assert len(report["ids"]) == ROWS // 2
         assert report["tfray_batches"] == ROWS // 2 // BATCH
-        assert report["bytes_copied"] == 0 and report["bytes_zero_copy"] > 0
+        # A shard is read through Ray Data's iter_batches: any copy is Ray
+        # Data's, none tfray's. Here every byte is one: blocks of a few KB come
+        # back inline, in the heap (test_ray_data_zero_copy.py has a shard of
+        # big blocks reach TF zero-copy).
+        assert report["bytes_copied_by_tfray"] == 0 and report["bytes_copied"] > 0
