@@ -1,6 +1,7 @@
 """Ray going away under a live iterator, and tfray starting Ray when needed."""
 
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -149,3 +150,21 @@ def test_tfrays_own_ray_calls_never_start_a_ray_after_a_shutdown(fresh_ray):
         with pytest.raises(Exception):
             call()
         assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize("source", ["refs", "generators"])
+def test_a_shutdown_never_overtakes_a_call_of_tfrays(source):
+    """ray.shutdown() while a feeder's Ray call is under way: no crash, the documented error.
+
+    tests/shutdown_race.py widens the window between Ray's is-connected
+    check and the core worker's shutdown on purpose; a tfray call caught in
+    it ends the process in Ray ("The core worker process is not initialized
+    yet or already shutdown"), as it did before tfray made its calls under
+    Ray's connect/shutdown lock.
+    """
+    script = os.path.join(os.path.dirname(__file__), "shutdown_race.py")
+    proc = subprocess.run([sys.executable, script, source], capture_output=True, text=True, timeout=150)
+    last = (proc.stdout.strip().splitlines() or ["(nothing: the process died)"])[-1]
+    assert proc.returncode == 0 and last == f"{source}: UnavailableError", (
+        f"exit status {proc.returncode}; {last}\n{proc.stderr[-3000:]}"
+    )

@@ -13,7 +13,7 @@ import pytest
 
 from tfray._internal.distribute import coordinator
 from tfray._internal.runtime import lookahead as lookahead_lib
-from tfray._internal.runtime import ray_errors
+from tfray._internal.runtime import ray_api
 from tfray._internal.runtime.lookahead import LookAhead
 from tfray._internal.runtime.streams import Bundle, Shard
 from tfray._internal.sources import inflight, producer
@@ -183,7 +183,7 @@ class FakeFeeder:
 
 @pytest.fixture
 def source(monkeypatch):
-    monkeypatch.setattr(ray_errors, "session", lambda: ("node", "job"))
+    monkeypatch.setattr(ray_api, "session", lambda: ("node", "job"))
     return Source(element_spec=None, capacity=2)
 
 

@@ -251,17 +251,16 @@ class Client:
         return self._call("release", self.worker, epoch, list(finished), list(unfinished))
 
     def renew(self):
-        if ray.is_initialized():  # A call after shutdown would start a new Ray.
-            self._handle.renew.remote([self.worker])
+        ray_api.call(self._handle.renew.remote, [self.worker])
 
     def _call(self, method, *args):
         try:
-            return self._result(getattr(self._handle, method).remote(*args))
+            return self._result(ray_api.call(getattr(self._handle, method).remote, *args))
         except ray.exceptions.ActorDiedError:
             # It ended itself after a long idle spell: a fresh one (with no
             # history) takes its place under the same name.
             self._handle = connect(self.name, **self._args)
-            return self._result(getattr(self._handle, method).remote(*args))
+            return self._result(ray_api.call(getattr(self._handle, method).remote, *args))
 
     @staticmethod
     def _result(ref):

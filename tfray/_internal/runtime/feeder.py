@@ -14,7 +14,7 @@ from typing import List, NamedTuple
 
 import numpy as np
 
-from tfray._internal.runtime import ray_errors
+from tfray._internal.runtime import ray_api
 from tfray._internal.runtime.status import BatchError, Code, EpochError
 
 logger = logging.getLogger("tfray")
@@ -197,12 +197,12 @@ class Feeder:
             return self._whole
         except EpochError as e:
             # Once Ray is gone, say which dataset lost it.
-            self._push_error(e if ray_errors.ray_running() else ray_errors.shutdown_error(self._name))
+            self._push_error(e if ray_api.ray_running() else ray_api.shutdown_error(self._name))
         # A feeder must never die silently. Ray raises SystemExit from a call
         # that ray.shutdown() overtakes.
         except (Exception, SystemExit) as e:
-            if not ray_errors.ray_running():  # A Ray call met the shutdown.
-                self._push_error(ray_errors.shutdown_error(self._name))
+            if not ray_api.ray_running():  # A Ray call met the shutdown.
+                self._push_error(ray_api.shutdown_error(self._name))
             else:
                 self._push_error(
                     BatchError(Code.INTERNAL, f"tfray: the feeder failed: {type(e).__name__}: {e}")
@@ -212,7 +212,8 @@ class Feeder:
                 self._stream.close()  # Stops the epoch's producers.
             except Exception:  # E.g. Ray went first; the epoch is over all the same.
                 logger.warning("tfray: %s: stopping an epoch's producers failed", self._name, exc_info=True)
-            self._stream = None  # Stats outlive the epoch; its data need not.
+            with ray_api.held():  # Dropping refs and generators calls into Ray.
+                self._stream = None  # Stats outlive the epoch; its data need not.
             self.refs_in_flight = 0
             self._channel.close()
         return False

@@ -1,23 +1,51 @@
-"""The Ray calls tfray's own threads make, without Ray's auto-init.
+"""tfray's only door to Ray: calls a shutdown cannot overtake, and Ray's errors as TF's.
 
-Ray starts a new local Ray when ``ray.get`` or ``ray.wait`` is
-called after ``ray.shutdown()``. From a feeder that would start a Ray
-behind the user's back, in the middle of an epoch whose objects went with
-the old one; these raise instead, and the feeder reports the shutdown
-(``ray_errors.shutdown_error``).
-
-They also never block inside Ray: a Ray call that ``ray.shutdown()``
-overtakes ends the process in Ray's core worker (and so does touching a
-streaming generator after it), so waits are polls (``poll``).
+1. **No call is overtaken.** Ray's core worker ends the whole process when
+   ``ray.shutdown()`` (the user's, Ray's ``atexit``, a context manager)
+   shuts it down under a call another thread is already inside ("The core
+   worker has already been shutdown ... The process will exit"). Ray's
+   ``shutdown`` and ``init`` run holding Ray's connect/shutdown lock
+   (``ray._private.worker._connect_or_shutdown_lock``, an ``RLock``, in Ray
+   2.59 and 2.60). Every Ray call of tfray's threads is made here, holding
+   that lock, after checking under it that Ray is up (``entered``): a
+   shutdown waits for the call to return, and tfray's next call raises
+   ``shutdown_error``. So no call made under it may block: waits are polls
+   (``poll``), a get reads refs already ready, and a drop of refs or
+   generators that may call into Ray is made under it too (``held``).
+   Should a Ray no longer have that lock, tfray uses one of its own: its
+   threads then keep out of each other's way only, and the race is as
+   open as Ray leaves it.
+2. **No new Ray behind the user's back.** Ray's ``ray.get`` and
+   ``ray.wait`` start a new local Ray when called after ``ray.shutdown()``;
+   the calls here are Ray's own, without that auto-init (``__wrapped__``).
+3. **Errors a user can act on.** ``translate`` turns what Ray raised while
+   reading a batch into the ``BatchError`` (or ``EpochError``) that
+   ``next()`` raises.
 """
 
+import contextlib
+import re
+import threading
 import time
 
 import ray
+import ray.exceptions
+
+from tfray._internal.runtime.status import BatchError, Code, EpochError
 
 # How poll's polls back off.
 _FIRST_PAUSE_S = 0.0005
 _LAST_PAUSE_S = 0.01
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _ray_lock():
+    lock = getattr(getattr(ray, "_private", None) and ray._private.worker, "_connect_or_shutdown_lock", None)
+    return lock if hasattr(lock, "acquire") and hasattr(lock, "release") else threading.RLock()
+
+
+_LOCK = _ray_lock()
 
 
 def _direct(api):
@@ -25,28 +53,154 @@ def _direct(api):
     return getattr(api, "__wrapped__", api)
 
 
-get = _direct(ray.get)
-wait = _direct(ray.wait)
-get_runtime_context = _direct(ray.get_runtime_context)
+_get = _direct(ray.get)
+_wait = _direct(ray.wait)
+_get_runtime_context = _direct(ray.get_runtime_context)
+
+
+def ray_running():
+    return ray.is_initialized()
+
+
+@contextlib.contextmanager
+def entered():
+    """Ray is up, and stays up until the block ends; else the shutdown error.
+
+    Everything in the block must return promptly: a ``ray.shutdown()`` waits
+    for it.
+    """
+    with _LOCK:
+        if not ray.is_initialized():
+            raise shutdown_error()
+        yield
+
+
+@contextlib.contextmanager
+def held():
+    """No shutdown starts or runs during the block, whether or not Ray is up.
+
+    For dropping refs and generators, and closing streams, which call into
+    Ray's core worker while it is up and do nothing once it is gone.
+    """
+    with _LOCK:
+        yield
+
+
+# The calls below spell ``entered()`` out: they run per window of batches,
+# where each Python call counts (tests/test_per_window.py).
+
+
+def call(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, a prompt call into Ray (a ``.remote()``, a ready generator's ``next``)."""
+    with _LOCK:
+        if not ray.is_initialized():
+            raise shutdown_error()
+        return fn(*args, **kwargs)
+
+
+def get(refs, *, timeout=None):
+    """``ray.get`` of refs that are ready (``timeout=0`` raises ``GetTimeoutError`` if one is not)."""
+    with _LOCK:
+        if not ray.is_initialized():
+            raise shutdown_error()
+        return _get(refs, timeout=timeout)
+
+
+def wait(refs, *, num_returns=1, timeout=None, fetch_local=True):
+    with _LOCK:
+        if not ray.is_initialized():
+            raise shutdown_error()
+        return _wait(refs, num_returns=num_returns, timeout=timeout, fetch_local=fetch_local)
+
+
+def session():
+    """Which Ray session this process is in: its objects and tasks belong to it."""
+    with entered():
+        context = _get_runtime_context()
+        return context.get_node_id(), context.get_job_id()
 
 
 def poll(refs, timeout):
     """Those of ``refs`` (ObjectRefs or streaming generators) ready within ``timeout`` s.
 
-    [] if none was; None: no limit. Each poll checks that Ray is up first,
-    and raises the shutdown error if not; the polls back off from 0.5 ms
-    to 10 ms.
+    [] if none was; None: no limit. Each poll is a ``wait`` with no wait
+    (so a shutdown never waits on one), and raises the shutdown error once
+    Ray is down; the polls back off from 0.5 ms to 10 ms.
     """
-    from tfray._internal.runtime import ray_errors  # It imports this module.
-
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = _FIRST_PAUSE_S
     while True:
-        if not ray_errors.ray_running():
-            raise ray_errors.shutdown_error()
-        ready, _ = wait(refs, num_returns=len(refs), timeout=0)
+        with _LOCK:  # entered(), spelled out (see get).
+            if not ray.is_initialized():
+                raise shutdown_error()
+            ready, _ = _wait(refs, num_returns=len(refs), timeout=0)
         left = None if deadline is None else deadline - time.monotonic()
         if ready or (left is not None and left <= 0):
             return ready
         time.sleep(pause if left is None else min(pause, left))
         pause = min(2 * pause, _LAST_PAUSE_S)
+
+
+# Refs and producers die with the Ray session that made them: a new
+# ray.init() cannot bring them back, so the advice is to rebuild.
+_REBUILD = (
+    "Its objects and producers went with that Ray session: after ray.init(), "
+    "build a new tfray.Dataset from new refs, producers or Ray Data dataset, "
+    "and iterate that."
+)
+
+
+def shutdown_error(where="this iterator", *, reading=True):
+    """The error of an epoch that finds Ray shut down; ``where`` names its dataset."""
+    when = "while it was reading" if reading else "before it started"
+    return EpochError(Code.UNAVAILABLE, f"tfray: {where}: Ray was shut down {when}. {_REBUILD}")
+
+
+def stale_session_error(where):
+    """The error of a new epoch of a dataset built before Ray was restarted."""
+    return EpochError(
+        Code.UNAVAILABLE,
+        f"tfray: {where}: this dataset was built in a Ray session that has since "
+        f"been shut down. {_REBUILD}",
+    )
+
+
+def translate(error, where):
+    """A BatchError (or EpochError) for ``error`` raised while reading ``where``."""
+    if not ray_running():
+        return shutdown_error()
+    if isinstance(error, EpochError):
+        return error
+    if isinstance(error, ray.exceptions.RayTaskError):
+        cause = error.cause if error.cause is not None else error
+        details = _ANSI.sub("", str(error))
+        return BatchError(
+            Code.UNKNOWN,
+            f"tfray: {where}: the Ray task that produced it raised "
+            f"{type(cause).__name__}: {cause}\n{details}",
+        )
+    if isinstance(error, ray.exceptions.ObjectLostError):
+        return BatchError(
+            Code.DATA_LOSS,
+            f"tfray: {where}: its Ray object is lost or was freed "
+            f"({type(error).__name__}): {_ANSI.sub('', str(error)).strip()}",
+        )
+    if isinstance(error, ray.exceptions.RaySystemError) and isinstance(
+        error.client_exc, Exception
+    ):  # Ray wraps what unpickling the object raised: this batch is bad, not Ray.
+        cause = error.client_exc
+        return BatchError(
+            Code.INVALID_ARGUMENT,
+            f"tfray: {where}: its Ray object cannot be deserialized in this process "
+            f"({type(cause).__name__}: {cause}). A batch is a numpy array or a dict / "
+            "tuple / list nest of them; anything else it holds must be importable here.",
+        )
+    if isinstance(error, ray.exceptions.RaySystemError):
+        return EpochError(
+            Code.UNAVAILABLE,
+            f"tfray: {where}: Ray failed ({type(error).__name__}): {error}",
+        )
+    return BatchError(
+        Code.UNKNOWN,
+        f"tfray: {where}: reading it from Ray raised {type(error).__name__}: {error}",
+    )

@@ -18,7 +18,7 @@ import threading
 
 import ray._raylet
 
-from tfray._internal.runtime import ray_errors
+from tfray._internal.runtime import ray_api
 from tfray._internal.runtime.feeder import Feeder
 from tfray._internal.runtime.service import Service
 from tfray._internal.runtime.status import BatchError, Code
@@ -71,7 +71,7 @@ class Registry(Service):
         while not self._stop.is_set():
             for request in self._lib.wait_requests(0.2):  # Waits without the GIL.
                 self._start_epoch(request)
-            if not ray_errors.ray_running():  # Ray shut down: replays and offers go.
+            if not ray_api.ray_running():  # Ray shut down: replays and offers go.
                 self._lib.end_session()
 
     def _start_epoch(self, request):
@@ -212,7 +212,7 @@ def _describe(key, source):
 def _check_session(key, source):
     """Raises, for a new epoch, if the Ray that ``source`` was built in is gone."""
     where = _describe(key, source)
-    if not ray_errors.ray_running():
-        raise ray_errors.shutdown_error(where, reading=False)
-    if ray_errors.session() != source.session:
-        raise ray_errors.stale_session_error(where)
+    if not ray_api.ray_running():
+        raise ray_api.shutdown_error(where, reading=False)
+    if ray_api.session() != source.session:
+        raise ray_api.stale_session_error(where)

@@ -10,7 +10,7 @@ a ref stands for as many as the bundles resolved so far held, on average.
 
 import collections
 
-from tfray._internal.runtime import ray_api, ray_errors
+from tfray._internal.runtime import ray_api
 from tfray._internal.runtime.streams import Bundle, batches_in
 
 
@@ -36,8 +36,8 @@ class RefResolver:
 
     def next_ready(self, timeout):
         """Resolved ``(label, value, error)`` items, [] if none yet, None at the end."""
-        if not ray_errors.ray_running():
-            raise ray_errors.shutdown_error()
+        if not ray_api.ray_running():  # Before a stream's own calls into Ray (Ray Data's).
+            raise ray_api.shutdown_error()
         room = self.lookahead.limit - len(self._window) * self._per_ref
         if room > 0 and not self._refs.done:
             wanted = max(1, int(room / self._per_ref))
@@ -56,7 +56,8 @@ class RefResolver:
         return items
 
     def close(self):
-        self._window.clear()
+        with ray_api.held():  # Dropping refs calls into Ray.
+            self._window.clear()
         self._refs.close()
 
     def _get_window(self):
@@ -74,8 +75,8 @@ class RefResolver:
         except Exception:  # Not every one ready, or one failed: the slow path says which.
             # But not once Ray is going: a Ray call that its shutdown
             # overtakes ends the process (ray_api).
-            if not ray_errors.ray_running():
-                raise ray_errors.shutdown_error() from None
+            if not ray_api.ray_running():
+                raise ray_api.shutdown_error() from None
             self._all_ready = False
             return None
         items = [(label, value, None) for (label, _), value in zip(self._window, values)]
@@ -112,7 +113,7 @@ class RefResolver:
                     value = ray_api.get(ref)
                 except Exception as e:  # noqa: PERF203
                     where = label.first(ahead.get(label.shard, 0)) if isinstance(label, Bundle) else label
-                    out.append((label, None, ray_errors.translate(e, where)))
+                    out.append((label, None, ray_api.translate(e, where)))
                     continue
                 out.append((label, value, None))
                 if isinstance(label, Bundle):

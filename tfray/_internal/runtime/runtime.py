@@ -18,7 +18,7 @@ import atexit
 import functools
 import threading
 
-from tfray._internal.runtime import native, ray_errors
+from tfray._internal.runtime import native, ray_api
 from tfray._internal.runtime.feeder import FeederPool
 from tfray._internal.runtime.heartbeat import Heartbeat
 from tfray._internal.runtime.pins import Pins
@@ -41,11 +41,11 @@ class Runtime:
 
     def session_actor(self, name, make):
         """The actor ``make()`` made in this Ray session, made on first use."""
-        session = ray_errors.session()
+        session = ray_api.session()
         with self._actors_lock:
             made = self._actors.get(name)
             if made is None or made[0] != session:
-                made = self._actors[name] = (session, make())
+                made = self._actors[name] = (session, ray_api.call(make))
             return made[1]
 
     def start(self):

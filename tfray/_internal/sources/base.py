@@ -13,7 +13,7 @@ import threading
 
 import ray
 
-from tfray._internal.runtime import ray_errors, spec
+from tfray._internal.runtime import ray_api, spec
 from tfray._internal.runtime.lookahead import LookAhead
 
 logger = logging.getLogger("tfray")
@@ -51,7 +51,7 @@ class Source:
     decode = None
 
     def __init__(self, element_spec, capacity):
-        self.session = ray_errors.session()  # Its refs and producers live in this one.
+        self.session = ray_api.session()  # Its refs and producers live in this one.
         self._element_spec = element_spec  # None: learned on first use.
         self._flat_spec = None
         self.capacity = capacity  # Batches each epoch's channel holds.

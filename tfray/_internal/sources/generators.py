@@ -30,9 +30,10 @@ import time
 import ray
 from ray import cloudpickle
 
-from tfray._internal.runtime import ray_api, ray_errors, spec
+from tfray._internal.runtime import ray_api, spec
 from tfray._internal.runtime.lookahead import START, LookAhead
 from tfray._internal.runtime.resolver import RefResolver
+from tfray._internal.runtime.status import EpochError
 from tfray._internal.runtime.streams import Bundle, Shard, Unbundled, Wrapped
 from tfray._internal.sources import inflight, producer, resume, stops
 from tfray._internal.sources.base import Source, default_budget, positive_int
@@ -86,8 +87,8 @@ def _check_ray():
     worker end the process, so every call on one checks first (ray.shutdown
     marks Ray down before it stops the core worker).
     """
-    if not ray_errors.ray_running():
-        raise ray_errors.shutdown_error()
+    if not ray_api.ray_running():
+        raise ray_api.shutdown_error()
 
 
 NOT_A_GENERATOR = (
@@ -199,9 +200,8 @@ class GeneratorShards:
             if position is None:
                 break
             shard, generator = self._running[position]
-            _check_ray()
             try:
-                ref = next(generator)
+                ref = ray_api.call(next, generator)  # Ready: it does not wait.
             except StopIteration:
                 self._replace(position)
                 continue
@@ -234,29 +234,40 @@ class GeneratorShards:
         paused by backpressure resumes and sees the stop (see stops.py);
         one still running after that returns at its next batch.
         """
-        if ray_errors.ray_running():  # An epoch of one bundle tells it too.
+        if ray_api.ray_running():  # An epoch of one bundle tells it too.
             self._learn()
         running = [g for _, g in self._running]
-        self._running = []
+        with ray_api.held():  # Dropping a generator calls into Ray.
+            self._running = []
         self._next_shard = len(self._shards)
         self.done = True
-        if not running or not ray_errors.ray_running():  # Gone with Ray already.
-            return
-        stops.stop(self._board, self._token)
+        try:
+            if running and ray_api.ray_running():
+                stops.stop(self._board, self._token)
+                self._drain(running)
+        except EpochError:  # Ray went meanwhile, and the producers with it.
+            pass
+        finally:
+            with ray_api.held():
+                running.clear()
+
+    @staticmethod
+    def _drain(running):
+        """Reads and drops what ``running`` generators have ready, for up to _DRAIN_S."""
         deadline = time.monotonic() + _DRAIN_S
-        while running and time.monotonic() < deadline and ray_errors.ray_running():
-            # Polls (see _next_ready): a wait that ray.shutdown() overtakes
-            # ends the process.
+        while running and time.monotonic() < deadline:
+            # Polls (see _next_ready): no Ray call may wait.
             ready, _ = ray_api.wait(running, num_returns=len(running), timeout=0)
             if not ready:
                 time.sleep(_DRAIN_PAUSE_S)
             for generator in ready:
                 try:
-                    next(generator)
+                    ray_api.call(next, generator)
                 except StopIteration:  # It returned.
                     running.remove(generator)
                 except ray.exceptions.RayError:  # It failed: it is not running either.
                     running.remove(generator)
+            del ready
 
     def _start_next(self):
         shard = self._next_shard
@@ -265,7 +276,9 @@ class GeneratorShards:
         count = self._inflight.count(self._share)
         if count not in self._runners:
             self._runners[count] = with_backpressure(_remote_run_shard, self._options, count)
-        return shard, self._runners[count].remote(self._fn, self._shards[shard], self._board, self._token)
+        return shard, ray_api.call(
+            self._runners[count].remote, self._fn, self._shards[shard], self._board, self._token
+        )
 
     def _replace(self, position):
         """The shard at ``position`` ended: the next shard takes its place."""

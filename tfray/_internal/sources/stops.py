@@ -19,6 +19,7 @@ cancels one. Instead:
 
 import asyncio
 import collections
+import logging
 import sys
 import uuid
 
@@ -33,6 +34,10 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 # Stopped tokens remembered for producers whose wait arrives after the stop.
 _TOKENS_KEPT = 100_000
+# How long a stop waits for the board to take it (an async actor: normally ms).
+_STOP_S = 30.0
+
+logger = logging.getLogger("tfray")
 
 
 @ray.remote(num_cpus=0)
@@ -72,5 +77,13 @@ def new_token():
 
 
 def stop(handle, token):
-    """Posts ``token`` as stopped; returns once the board has it."""
-    ray_api.get(handle.stop.remote(token))
+    """Posts ``token`` as stopped; returns once the board has it, or after _STOP_S."""
+    reply = ray_api.call(handle.stop.remote, token)
+    if ray_api.poll([reply], _STOP_S):  # Never waits in Ray (ray_api).
+        ray_api.get(reply)
+    else:
+        logger.warning(
+            "tfray: the stop board did not take a stop within %s s: producers of an "
+            "ended epoch may run on until their tasks end",
+            _STOP_S,
+        )
