@@ -59,9 +59,9 @@ def start_ray():
 def shutdown_ray():
     """``ray.shutdown()`` once tfray's feeders have ended.
 
-    Iterators a test dropped are still winding down on feeder threads (the
-    last Ray objects they drop call into Ray's core worker); a shutdown that
-    overtakes such a call ends the process in Ray (README Limits).
+    Iterators a test dropped are still winding down on feeder threads; the
+    shutdown would wait for their calls into Ray (runtime/ray_api.py), but
+    a test's Ray is cleaner gone with nothing of tfray's still in it.
     """
     if ray.is_initialized():
         gc.collect()  # Drops the iterators the test left, cancelling their epochs.
