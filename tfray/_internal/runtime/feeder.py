@@ -27,14 +27,27 @@ class FeederPool:
 
     Reusing threads keeps a new epoch from waiting on a thread's start-up
     handshake, which takes the GIL several times: slow when it is contended.
+    A thread idle for ``idle_s`` ends while more than ``resting`` are idle,
+    so a burst of iterators leaves no crowd of threads behind.
     """
 
-    def __init__(self):
+    def __init__(self, *, idle_s=30.0, resting=2):
+        self._idle_s = idle_s
+        self._resting = resting
         self._lock = threading.Lock()
         self._live = set()  # Running feeders; guarded by _lock.
-        self._idle = 0  # Threads waiting for a feeder to run; guarded by _lock.
+        # Threads waiting with no feeder promised to them; guarded by _lock.
+        # start() promises one (a job in _jobs) by taking it off this count.
+        self._idle = 0
+        self._threads = 0  # Alive; guarded by _lock.
         self._stopped = False  # Guarded by _lock.
         self._jobs = queue.SimpleQueue()
+
+    @property
+    def threads(self):
+        """How many threads the pool has now, running a feeder or idle."""
+        with self._lock:
+            return self._threads
 
     def start(self, feeder):
         """Runs ``feeder`` on an idle thread, or a new one."""
@@ -44,7 +57,9 @@ class FeederPool:
                 return
             self._live.add(feeder)
             spawn = self._idle == 0
-            if not spawn:
+            if spawn:
+                self._threads += 1
+            else:
                 self._idle -= 1
         self._jobs.put(feeder)
         if spawn:
@@ -68,13 +83,27 @@ class FeederPool:
             feeder.channel.cancel()
         for feeder in feeders:
             feeder.done.wait(timeout)
-        for _ in range(len(feeders) + self._idle):
+        with self._lock:
+            threads = self._threads
+        for _ in range(threads):
             self._jobs.put(None)  # Ends the threads.
 
     def _work(self):
         while True:
-            feeder = self._jobs.get()
+            try:
+                feeder = self._jobs.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:
+                    # Leaving keeps a waiting thread for every promised job:
+                    # only an unpromised idle thread's place is given up.
+                    if self._idle > self._resting and not self._stopped:
+                        self._idle -= 1
+                        self._threads -= 1
+                        return
+                continue
             if feeder is None:
+                with self._lock:
+                    self._threads -= 1
                 return
             try:
                 feeder.run()

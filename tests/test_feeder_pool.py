@@ -1,0 +1,78 @@
+"""The feeder pool: threads reused from epoch to epoch, and ended once a burst is over."""
+
+import threading
+import time
+
+import pytest
+
+from tfray._internal.runtime.feeder import FeederPool
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Job:
+    """A stand-in feeder: runs until released."""
+
+    def __init__(self, release):
+        self._release = release
+        self.done = threading.Event()
+        self.channel = self
+
+    def run(self):
+        self._release.wait(30)
+        self.done.set()
+
+    def cancel(self):
+        self._release.set()
+
+
+def feeder_threads():
+    return sum(1 for t in threading.enumerate() if t.name == "tfray-feeder")
+
+
+def wait_for(condition, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_burst_leaves_the_pool_at_its_resting_size():
+    """200 feeders at once take 200 threads; idle, all but the resting ones end."""
+    before = feeder_threads()
+    pool = FeederPool(idle_s=0.3, resting=2)
+    release = threading.Event()
+    jobs = [Job(release) for _ in range(200)]
+    for job in jobs:
+        pool.start(job)
+    wait_for(lambda: pool.threads == 200)
+    release.set()
+    assert all(job.done.wait(10) for job in jobs)
+    assert pool.wait_idle(10)
+    wait_for(lambda: pool.threads == 2)
+    wait_for(lambda: feeder_threads() == before + 2)
+    # The resting threads run the next feeders, and new ones are started as needed.
+    again = threading.Event()
+    jobs = [Job(again) for _ in range(5)]
+    for job in jobs:
+        pool.start(job)
+    wait_for(lambda: pool.threads == 5)
+    again.set()
+    assert all(job.done.wait(10) for job in jobs)
+    pool.stop(5)
+    wait_for(lambda: feeder_threads() == before)
+    assert pool.threads == 0
+
+
+def test_threads_are_reused_while_feeders_keep_coming():
+    """Feeders started one after another run on the same thread: no thread per epoch."""
+    pool = FeederPool(idle_s=5, resting=0)
+    for _ in range(20):
+        release = threading.Event()
+        release.set()
+        job = Job(release)
+        pool.start(job)
+        assert job.done.wait(10)
+        assert pool.wait_idle(10)
+    assert pool.threads == 1
+    pool.stop(5)
