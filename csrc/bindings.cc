@@ -242,26 +242,29 @@ PYBIND11_MODULE(_native, m) {
            py::arg("structure"), py::arg("leaves"), py::arg("alignment"));
 
   m.def(
-      "drain_released",
+      "wait_released",
       [](double timeout) {
-        std::vector<uint64_t> ids;
-        {
-          py::gil_scoped_release release;
-          auto& queue = *tfray::ReleaseQueue::Global();
-          ids = queue.Drain(timeout);
-          if (!ids.empty()) {
-            // Batches are freed one by one as TF moves on: gather a
-            // millisecond's worth, so the GIL is taken per window of
-            // releases rather than per batch.
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            for (uint64_t id : queue.Drain(0)) ids.push_back(id);
-          }
+        py::gil_scoped_release release;
+        auto& queue = *tfray::ReleaseQueue::Global();
+        std::vector<uint64_t> ids = queue.Drain(timeout);
+        if (!ids.empty()) {
+          // Batches are freed one by one as TF moves on: gather a
+          // millisecond's worth, so the GIL is taken per window of
+          // releases rather than per batch.
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          for (uint64_t id : queue.Drain(0)) ids.push_back(id);
         }
-        return tfray::NativePins::Global().Unpin(ids);
+        return ids;
       },
       py::arg("timeout"),
-      "Waits for released token ids, unpins the native ones (push_window's) "
-      "and returns the others.");
+      "Waits (without the GIL) up to `timeout` s for released token ids.");
+  m.def(
+      "unpin_native",
+      [](const std::vector<uint64_t>& ids) {
+        return tfray::NativePins::Global().Unpin(ids);
+      },
+      py::arg("ids"),
+      "Drops the native pins (push_window's) among `ids`; returns the others.");
   m.def(
       "native_pins", [] { return tfray::NativePins::Global().size(); },
       "How many batches push_window pinned that are not yet released.");

@@ -41,9 +41,10 @@ class Pins(Service):
 
     def _run(self):
         while not self._stop.is_set():
-            # Waits without the GIL; unpins the native pins, returns the others.
-            released = self._lib.drain_released(0.2)
+            released = self._lib.wait_released(0.2)  # Waits without the GIL.
             if released:
-                with self._lock:
-                    dropped = [self._pinned.pop(t, None) for t in released]
-                del dropped  # Frees the batches outside the lock.
+                with ray_api.held():
+                    released = self._lib.unpin_native(released)  # Returns the others.
+                    with self._lock:
+                        dropped = [self._pinned.pop(t, None) for t in released]
+                    del dropped  # Frees the batches outside self._lock.
