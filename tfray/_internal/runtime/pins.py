@@ -5,13 +5,15 @@ batches pushed a window at a time are pinned natively (window.h). When
 TensorFlow drops the last tensor (and slice) of a batch, the native release
 queue gets its id (on whatever thread that was, without the GIL) and the
 release thread drops the reference, and with it Ray's pin on the object:
-the native ones inside ``drain_released``, with the GIL taken once for all
-the ids released meanwhile.
+for all the ids released meanwhile at once, with the GIL taken once, and
+under Ray's connect/shutdown lock, since dropping Ray's pin calls into Ray
+(ray_api).
 """
 
 import itertools
 import threading
 
+from tfray._internal.runtime import ray_api
 from tfray._internal.runtime.service import Service
 
 
