@@ -73,9 +73,9 @@ MapsFile& Maps() {
 }
 
 // Asks the kernel for the mapping that covers `address`: false if none does
-// (or the kernel cannot say); `*end` its end, `*store` whether it is the
-// store's.
-bool Query(uintptr_t address, uintptr_t* end, bool* store) {
+// (or the kernel cannot say); `*low` and `*high` its bounds, `*store`
+// whether it is the store's.
+bool Query(uintptr_t address, uintptr_t* low, uintptr_t* high, bool* store) {
   const int fd = Maps().fd();
   if (fd < 0) return false;
   char name[4096];
@@ -86,7 +86,8 @@ bool Query(uintptr_t address, uintptr_t* end, bool* store) {
   q.vma_name_addr = reinterpret_cast<uint64_t>(name);
   q.vma_name_size = sizeof(name);
   if (ioctl(fd, kProcmapQuery, &q) != 0) return false;
-  *end = static_cast<uintptr_t>(q.vma_end);
+  *low = static_cast<uintptr_t>(q.vma_start);
+  *high = static_cast<uintptr_t>(q.vma_end);
   *store = (q.vma_flags & kVmaShared) && q.vma_name_size > 0 &&
            IsStoreFile(name);
   return true;
@@ -188,9 +189,9 @@ Mappings& MappingsCache() {
 bool StoreLookup::KernelQueryAvailable() {
   static const bool available = [] {
     static const int probe = 0;
-    uintptr_t end;
+    uintptr_t low, high;
     bool store;
-    return Query(reinterpret_cast<uintptr_t>(&probe), &end, &store);
+    return Query(reinterpret_cast<uintptr_t>(&probe), &low, &high, &store);
   }();
   return available;
 }
@@ -210,10 +211,18 @@ bool StoreLookup::Contains(const void* data, size_t nbytes) {
 bool StoreLookup::ContainsByQuery(uintptr_t begin, uintptr_t end) {
   // Usually one mapping holds it all; walk on in case it spans neighbours.
   for (uintptr_t at = begin; at < end;) {
-    uintptr_t mapping_end;
-    bool store;
-    if (!Query(at, &mapping_end, &store) || !store) return false;
-    at = mapping_end;
+    const Mapping* known = nullptr;
+    for (const Mapping& m : known_) {
+      if (m.low <= at && at < m.high) known = &m;
+    }
+    if (known == nullptr) {
+      Mapping m;
+      if (!Query(at, &m.low, &m.high, &m.store)) return false;
+      known_.push_back(m);
+      known = &known_.back();
+    }
+    if (!known->store) return false;
+    at = known->high;
   }
   return true;
 }

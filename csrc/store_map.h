@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace tfray {
 
@@ -48,7 +49,18 @@ class StoreLookup {
   bool ContainsByQuery(uintptr_t begin, uintptr_t end);
   bool ContainsByMaps(uintptr_t begin, uintptr_t end);
 
+  struct Mapping {
+    uintptr_t low = 0, high = 0;
+    bool store = false;
+  };
+
   Method method_;
+  // Mappings the kernel described to this lookup, so that the batches of one
+  // push that lie in one mapping (the store's pool, mostly) cost one query.
+  // A store mapping stays while the push runs (it holds a pinned batch of
+  // it); were part of another replaced meanwhile, the answer would err
+  // toward "copied", never toward "zero-copy".
+  std::vector<Mapping> known_;
   bool refreshed_ = false;  // This lookup read /proc/self/maps again.
 };
 
