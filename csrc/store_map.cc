@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>

@@ -37,28 +37,27 @@ def wait_for(condition, timeout=20):
         time.sleep(0.02)
 
 
+def run_at_once(pool, n):
+    """Starts n feeders that run until all n hold a thread, then lets them end."""
+    release = threading.Event()
+    jobs = [Job(release) for _ in range(n)]
+    for job in jobs:
+        pool.start(job)
+    wait_for(lambda: pool.threads == n)
+    release.set()
+    assert all(job.done.wait(10) for job in jobs)
+
+
 def test_a_burst_leaves_the_pool_at_its_resting_size():
     """200 feeders at once take 200 threads; idle, all but the resting ones end."""
     before = feeder_threads()
     pool = FeederPool(idle_s=0.3, resting=2)
-    release = threading.Event()
-    jobs = [Job(release) for _ in range(200)]
-    for job in jobs:
-        pool.start(job)
-    wait_for(lambda: pool.threads == 200)
-    release.set()
-    assert all(job.done.wait(10) for job in jobs)
+    run_at_once(pool, 200)
     assert pool.wait_idle(10)
     wait_for(lambda: pool.threads == 2)
     wait_for(lambda: feeder_threads() == before + 2)
     # The resting threads run the next feeders, and new ones are started as needed.
-    again = threading.Event()
-    jobs = [Job(again) for _ in range(5)]
-    for job in jobs:
-        pool.start(job)
-    wait_for(lambda: pool.threads == 5)
-    again.set()
-    assert all(job.done.wait(10) for job in jobs)
+    run_at_once(pool, 5)
     pool.stop(5)
     wait_for(lambda: feeder_threads() == before)
     assert pool.threads == 0
