@@ -58,6 +58,16 @@ each pipeline below delivers those same batches, cycled, as a
     every epoch start launches new producer tasks, whose start-up would then
     be timed every ``N`` batches and hide the delivery path this row is
     about (the ``tfray`` row shows what epoch starts cost a list of refs).
+``ray_loop``
+    Ray's own loop over the same producers, no TensorFlow: the two
+    streaming-generator tasks ``tfray_generators`` runs (the same function,
+    the same backpressure as tfray's default gives them), read round-robin
+    with ``ray.get(next(generator))``; every byte of each batch is summed
+    with numpy, as ``consume`` sums it in TensorFlow. The floor of the
+    producers' path: what Ray itself delivers from those tasks.
+``from_generator_tasks``
+    ``tf.data.Dataset.from_generator`` over that same loop: the hand-written
+    bridge a user would put between those tasks and TensorFlow.
     That long epoch is the dataset's second: an epoch of one batch runs
     first, as in training's epochs after the first, where each producer's
     backpressure follows the size of the batches read before (16 objects
@@ -84,6 +94,8 @@ PIPELINES = (
     "tfray",
     "tfray_1epoch",
     "tfray_generators",
+    "ray_loop",
+    "from_generator_tasks",
 )
 TO_TF_EPOCH_BATCHES = 4096
 TFRAY_1EPOCH_BATCHES = 60000
@@ -221,30 +233,41 @@ def tfray_dataset(refs, spec, max_inflight=None, one_epoch=False):
     return source, source.repeat()
 
 
-def tfray_generators(refs, spec, max_inflight_per_producer=None, producers=GENERATOR_PRODUCERS):
-    """``tfray.Dataset.from_generators`` over the refs' batches; returns (tfray dataset, pipeline).
+def producer_fn(refs, producers=GENERATOR_PRODUCERS):
+    """The producers' generator function: shard ``s`` yields ``refs[s::producers]`` round and round.
 
-    Producer ``s`` yields ``refs[s::producers]`` round and round,
-    ``TFRAY_1EPOCH_BATCHES / producers`` batches in all; the pipeline is
-    ``.repeat()`` ed, after an epoch of one batch.
+    ``TFRAY_1EPOCH_BATCHES / producers`` batches each. A closure, so that it
+    pickles by value: Ray's workers need not import this module (nor
+    TensorFlow) to run it.
     """
-    import tfray
-
     refs = list(refs)
     per_producer = -(-TFRAY_1EPOCH_BATCHES // producers)
 
-    # Nested, so that it pickles by value: Ray's workers need not import this
-    # module (nor TensorFlow) to run it.
     def produce(shard):
         batches = ray.get(refs[shard::producers])
         for i in range(per_producer):
             yield batches[i % len(batches)]
 
+    return produce
+
+
+def tfray_generators(refs, spec, max_inflight_per_producer=None, producers=GENERATOR_PRODUCERS):
+    """``tfray.Dataset.from_generators`` over the refs' batches; returns (tfray dataset, pipeline).
+
+    The producers are ``producer_fn``'s; the pipeline is ``.repeat()`` ed,
+    after an epoch of one batch.
+    """
+    import tfray
+
     kwargs = {}
     if max_inflight_per_producer is not None:
         kwargs["max_inflight_per_producer"] = max_inflight_per_producer
     source = tfray.Dataset.from_generators(
-        produce, producers, element_spec=spec, ray_remote_args={"num_cpus": 1}, **kwargs
+        producer_fn(refs, producers),
+        producers,
+        element_spec=spec,
+        ray_remote_args={"num_cpus": 1},
+        **kwargs,
     )
     # A first epoch of one batch, as training's epochs after the first: by
     # default each producer's backpressure follows the size of the batches
@@ -252,3 +275,77 @@ def tfray_generators(refs, spec, max_inflight_per_producer=None, producers=GENER
     for _ in source.take(1):
         pass
     return source, source.repeat()
+
+
+def default_backpressure(batch):
+    """The backpressure tfray's ``from_generators`` gives each producer of ``batch`` by default.
+
+    Read from tfray's own rule (its producers' count of objects waiting
+    unconsumed), so that Ray's loop runs its tasks exactly as tfray does.
+    """
+    from tfray._internal.sources import inflight
+    from tfray._internal.sources.base import default_budget
+
+    count = inflight.Inflight()
+    count.learn([batch])
+    return count.count(inflight.share(default_budget(), GENERATOR_PRODUCERS))
+
+
+class RayLoop:
+    """Ray's own loop over ``producer_fn``'s streaming tasks (see ``ray_loop`` above).
+
+    Each iterator starts the producers afresh and is read with
+    ``consume(n)``, which returns the sum of every byte of ``n`` batches.
+    """
+
+    def __init__(self, refs, batch, producers=GENERATOR_PRODUCERS):
+        self._fn = producer_fn(refs, producers)
+        self._producers = producers
+        self._options = {
+            "num_returns": "streaming",
+            # tfray's producers reserve no CPU either (sources/generators.py).
+            "num_cpus": 0,
+            "_generator_backpressure_num_objects": default_backpressure(batch),
+        }
+
+    def __iter__(self):
+        return RayLoop.Iterator(
+            [
+                ray.remote(self._fn).options(**self._options).remote(s)
+                for s in range(self._producers)
+            ]
+        )
+
+    class Iterator:
+        def __init__(self, generators):
+            self._generators = generators
+            self._turns = itertools.cycle(generators)
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            """The producers' next batch, round-robin, as Ray's loop gets it."""
+            return ray.get(next(next(self._turns)))
+
+        def consume(self, n):
+            total = 0.0
+            for batch in itertools.islice(self, n):
+                for array in batch.values():
+                    # In the array's own dtype, as TensorFlow's reduce_sum adds.
+                    total += float(np.add.reduce(array, axis=None, dtype=array.dtype))
+            return total
+
+        def __del__(self):
+            for generator in self._generators:
+                ray.cancel(generator)
+
+
+def from_generator_tasks(refs, spec, batch):
+    """``from_generator`` over Ray's loop of ``RayLoop``: the bridge a user writes for producers."""
+    loop = RayLoop(refs, batch)
+
+    def generate():
+        yield from iter(loop)
+
+    return tf.data.Dataset.from_generator(generate, output_signature=spec)

@@ -31,6 +31,8 @@ LABELS = {
     "tfray": "tfray (epoch of N, repeated)",
     "tfray_1epoch": "tfray_1epoch (one long epoch)",
     "tfray_generators": "tfray_generators (2 producers, one long epoch, the second)",
+    "ray_loop": "Ray's own loop over those producers (no TF)",
+    "from_generator_tasks": "from_generator over that loop",
 }
 # What a pipeline's ``@K`` suffix sets.
 SUFFIXES = {"tfray_generators": "max_inflight_per_producer"}
@@ -172,6 +174,9 @@ def assemble(results, rss, args, wall_s, machine=None):
                 for other in ("from_generator", "to_tf"):
                     row[f"x_{other}"] = paired(s, samples.get(other))
                 row["tfray_stats"] = s[-1].get("tfray")
+            if name.startswith(("tfray_generators", "from_generator_tasks")):
+                # Against Ray's own loop over the same producers: the floor of their path.
+                row["x_ray_loop"] = paired(s, samples.get("ray_loop"))
             rows.append(row)
     return {
         "settings": {
@@ -208,17 +213,18 @@ def targets(rows, rss):
     """The goals, each with the measured value and whether it is met."""
     out = []
 
-    def check(what, scenario, load, key, goal):
-        r = _row(rows, scenario, load, "tfray")
+    def check(what, scenario, load, key, goal, pipeline="tfray"):
+        r = _row(rows, scenario, load, pipeline)
         if r is None or r.get(key) is None:
             return
         value = r[key]
-        # from_refs' variants only: tfray_generators is another source.
+        # A source's own variants only: from_refs' tfray_1epoch, from_generators' @K.
+        variant = "tfray_1epoch" if pipeline == "tfray" else pipeline + "@"
         variants = {
             v["pipeline"]: v[key]
             for v in rows
             if (v["scenario"], v["load"]) == (scenario, load)
-            and v["pipeline"].startswith("tfray_1epoch")
+            and v["pipeline"].startswith(variant)
             and v.get(key) is not None
         }
         out.append(
@@ -240,6 +246,16 @@ def targets(rows, rss):
     for sc in ("12MB", "38MB", "16KB"):
         check("busy thread: tfray >= 3x from_generator under load", sc, "busy", "x_from_generator", 3.0)
     check("16 KB: tfray >= 3x from_generator", "16KB", "idle", "x_from_generator", 3.0)
+    for sc in ("16KB", "12MB", "38MB"):
+        for load in ("idle", "busy"):
+            check(
+                "from_generators >= 1.0x Ray's own loop over the same producers",
+                sc,
+                load,
+                "x_ray_loop",
+                1.0,
+                pipeline="tfray_generators",
+            )
     check("12 MB: tfray >= 10x to_tf", "12MB", "idle", "x_to_tf", 10.0)
     if rss is not None:
         out.append(
@@ -268,6 +284,7 @@ def table_rows(data):
         "x ceiling",
         "tfray / from_gen",
         "tfray / to_tf",
+        "x Ray's loop",
         "CPU ms/batch",
         "CPU x ceiling",
         "busy thread ms/batch",
@@ -285,6 +302,7 @@ def table_rows(data):
                 _fmt_ratio(r["x_ceiling"]),
                 _fmt_ratio(r.get("x_from_generator")),
                 _fmt_ratio(r.get("x_to_tf")),
+                _fmt_ratio(r.get("x_ray_loop")),
                 f"{r['cpu_ms_per_batch']:.3f}",
                 _fmt_ratio(r.get("cpu_x_ceiling")),
                 "" if r["load"] != "busy" or r.get("busy_cpu_ms_per_batch") is None
@@ -363,7 +381,7 @@ def _short(name):
 
 
 def targets_text(data):
-    out = ["targets (tfray = from_refs(refs).repeat(); variants in brackets):"]
+    out = ["targets (tfray = from_refs(refs).repeat() unless named; variants in brackets):"]
     for met, what, scenario, value, variants in targets_lines(data):
         out.append(f"  {met}  {what} [{scenario}]: {value}" + (f"  [{variants}]" if variants else ""))
     if data.get("rss"):
@@ -399,6 +417,8 @@ def chart(data, path):
         "tfray": "#009e73",
         "tfray_1epoch": "#8fd9bf",
         "tfray_generators": "#cc79a7",
+        "ray_loop": "#d55e00",
+        "from_generator_tasks": "#f0e442",
     }
     width = 0.8 / len(names)
     fig, (top, bottom) = plt.subplots(

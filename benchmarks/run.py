@@ -14,7 +14,8 @@ Why it is fair:
   ``while`` loop that takes the next batch from the pipeline's iterator and
   adds ``reduce_sum`` of every component to a total, so every byte of every
   batch is read, with no Python per batch. The timer is around the
-  ``tf.function`` call alone.
+  ``tf.function`` call alone. Ray's own loop (``ray_loop``), which has no
+  TensorFlow, reads its batches with the same sums in numpy.
 - **Same conditions.** Each pipeline's iterator is created and warmed up
   (traced, buffers filled, every distinct batch read twice) before the timed
   call, which runs a fixed number of batches chosen from a short probe to take
@@ -124,7 +125,11 @@ def consume(iterator, n):
 
 
 def run_consume(iterator, n):
-    """Times one ``consume`` call; returns seconds."""
+    """Times one ``consume`` call (Ray's loop: its own, in numpy); returns seconds."""
+    if isinstance(iterator, pipelines.RayLoop.Iterator):
+        start = time.perf_counter()
+        iterator.consume(n)
+        return time.perf_counter() - start
     n = tf.constant(n, tf.int64)
     start = time.perf_counter()
     consume(iterator, n).numpy()
@@ -245,6 +250,10 @@ def build(name, batches, refs, spec, ray_data):
             refs, spec, max_inflight=max_inflight, one_epoch=name == "tfray_1epoch"
         )
         return ds, source
+    if name == "ray_loop":
+        return pipelines.RayLoop(refs, batches[0]), None
+    if name == "from_generator_tasks":
+        return pipelines.from_generator_tasks(refs, spec, batches[0]), None
     if name == "tfray_generators":
         source, ds = pipelines.tfray_generators(refs, spec, max_inflight_per_producer=max_inflight)
         return ds, source
