@@ -1,11 +1,13 @@
 """Shared fixtures: one small local Ray per test module, and polling helpers."""
 
+import collections
 import contextlib
 import gc
 import importlib.metadata
 import json
 import os
 import sys
+import threading
 import time
 
 import pytest
@@ -56,19 +58,98 @@ def start_ray():
     )
 
 
+# How long the feeders of the iterators a test dropped may take to end:
+# a generator epoch's close reads its stopping producers for up to 2 s,
+# and asks the stop board, which waits up to 30 s for Ray (sources/stops.py).
+FEEDERS_IDLE_S = 40.0
+
+
+def _runtime_if_started():
+    """This process's tfray Runtime if one runs, without starting one."""
+    if not any(t.name == "tfray-dispatch" for t in threading.enumerate()):
+        return None
+    from tfray._internal.runtime import runtime
+
+    return runtime.get()
+
+
+def assert_feeders_idle(timeout=FEEDERS_IDLE_S):
+    """Fails unless every feeder of tfray's runtime ends within ``timeout`` s.
+
+    A feeder still running once its test's iterators are gone is a leak: an
+    epoch nothing reads, holding its thread, its pins and its producers.
+    """
+    gc.collect()  # Drops the iterators the test left, cancelling their epochs.
+    rt = _runtime_if_started()
+    if rt is None:
+        return
+    deadline = time.monotonic() + timeout
+    while not rt.feeders.wait_idle(1.0):
+        gc.collect()
+        if time.monotonic() > deadline:
+            names = sorted(t.name for t in threading.enumerate() if t.name.startswith("tfray"))
+            raise AssertionError(f"tfray's feeders still run {timeout:.0f} s after their test; threads: {names}")
+
+
+# The runtime's own threads, one each while it runs (runtime/runtime.py).
+RUNTIME_THREADS = ("tfray-dispatch", "tfray-release", "tfray-lease")
+
+
+def tfray_threads():
+    """The names of the live Python threads tfray started, in a Counter."""
+    return collections.Counter(t.name for t in threading.enumerate() if t.name.startswith("tfray"))
+
+
+def _unaccounted_threads():
+    """tfray's threads beyond the runtime's own and its pool's (empty when none)."""
+    rt = _runtime_if_started()
+    extra = tfray_threads()
+    if rt is not None:
+        extra.subtract({name: 1 for name in RUNTIME_THREADS})
+        extra.subtract({"tfray-feeder": rt.feeders.threads})
+    return {name: n for name, n in extra.items() if n > 0}
+
+
+def assert_no_stray_threads(timeout=10.0):
+    """Fails if a tfray thread outlives its test module, bar the runtime's by design.
+
+    The runtime keeps its dispatcher, release and heartbeat threads for the
+    life of the process, and its feeder pool keeps threads it counts (idle
+    ones end after a while, tests/test_feeder_pool.py). Any other tfray
+    thread (a second runtime's, a pool a test started and never stopped, a
+    feeder thread the pool lost count of) is a leak. A thread that is ending
+    has ``timeout`` s to go.
+    """
+    deadline = time.monotonic() + timeout
+    while _unaccounted_threads():
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"tfray threads outlived their test module: {_unaccounted_threads()} beyond the "
+                f"runtime's own and its feeder pool's; all: {dict(tfray_threads())}"
+            )
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_tfray_thread_outlives_the_module():
+    """After each test module: tfray's feeders idle, and no tfray thread left over."""
+    yield
+    assert_feeders_idle()
+    assert_no_stray_threads()
+
+
 def shutdown_ray():
-    """``ray.shutdown()`` once tfray's feeders have ended.
+    """``ray.shutdown()`` once tfray's feeders have ended; fails if one does not.
 
     Iterators a test dropped are still winding down on feeder threads; the
     shutdown would wait for their calls into Ray (runtime/ray_api.py), but
     a test's Ray is cleaner gone with nothing of tfray's still in it.
     """
     if ray.is_initialized():
-        gc.collect()  # Drops the iterators the test left, cancelling their epochs.
-        from tfray._internal.runtime import runtime
-
-        runtime.get().feeders.wait_idle(10)
-        ray.shutdown()
+        try:
+            assert_feeders_idle()
+        finally:
+            ray.shutdown()
 
 
 def _local_ray():
@@ -136,6 +217,16 @@ def store_stats():
 def store_bytes_used():
     """Bytes in this node's object store (what pins and refs keep there)."""
     return store_stats().object_store_bytes_used
+
+
+def store_bytes_created():
+    """Bytes ever created in this node's object store, a count that only grows.
+
+    What was created since a moment, with nothing freed meanwhile, is the
+    store's peak over that span, which sampling ``store_bytes_used`` could
+    miss between two samples.
+    """
+    return store_stats().cumulative_created_bytes
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+import conftest
 from tfray._internal.distribute import coordinator
 from tfray._internal.runtime import lookahead as lookahead_lib
 from tfray._internal.runtime import ray_api
@@ -252,16 +253,17 @@ def test_a_feeder_that_raises_leaves_its_thread_to_the_next():
     def fail():
         raise RuntimeError("stopping the producers failed")
 
-    first = FakeRun(fail)
-    pool.start(first)
-    assert first.done.wait(5)
-    ran = FakeRun(lambda: None)
-    for _ in range(500):  # Let the first thread count itself idle.
-        if pool._idle == 1:
-            break
-        time.sleep(0.01)
-    pool.start(ran)
-    assert ran.done.wait(5), "the next feeder was queued for a thread that had died"
+    try:
+        first = FakeRun(fail)
+        pool.start(first)
+        assert first.done.wait(5)
+        conftest.wait_until(lambda: pool._idle == 1, timeout=5)  # The thread counts itself idle.
+        ran = FakeRun(lambda: None)
+        pool.start(ran)
+        assert ran.done.wait(5), "the next feeder was queued for a thread that had died"
+        assert pool.threads == 1
+    finally:
+        pool.stop(5)
 
 
 def test_a_feeder_that_meets_rays_system_exit_leaves_its_thread_to_the_next():
@@ -272,17 +274,17 @@ def test_a_feeder_that_meets_rays_system_exit_leaves_its_thread_to_the_next():
         raise SystemExit(0)
 
     pool = FeederPool()
-    first = FakeRun(exit_)
-    pool.start(first)
-    assert first.done.wait(5)
-    for _ in range(500):
-        if pool._idle == 1:
-            break
-        time.sleep(0.01)
-    assert pool._idle == 1, "the thread died with the feeder"
-    ran = FakeRun(lambda: None)
-    pool.start(ran)
-    assert ran.done.wait(5)
+    try:
+        first = FakeRun(exit_)
+        pool.start(first)
+        assert first.done.wait(5)
+        conftest.wait_until(lambda: pool._idle == 1, timeout=5)  # Else the thread died with the feeder.
+        ran = FakeRun(lambda: None)
+        pool.start(ran)
+        assert ran.done.wait(5)
+        assert pool.threads == 1
+    finally:
+        pool.stop(5)
 
 
 # Dynamic sharding: which units TensorFlow has taken whole.
