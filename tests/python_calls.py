@@ -24,15 +24,19 @@ import ray
 import tensorflow as tf
 
 import tfray
+from tfray._internal.runtime import feeder
+from tfray._internal.runtime import ray_api as tfray_ray_api
 
 TFRAY = os.path.dirname(tfray.__file__)
+RAY_API = tfray_ray_api.__file__
 RAY = os.path.dirname(ray.__file__)
 # tfray: calls into tfray's modules, but for a poll's own (polls: per
 # wait, however long Ray takes); rounds: the feeder's turns (next_ready),
 # windows: those that pushed batches (_deliver), bundles: producers'
 # bundles handed on; ray: calls into Ray's modules, but for those a poll
-# makes (ray_in_polls).
-counts = {"tfray": 0, "polls": 0, "rounds": 0, "windows": 0, "bundles": 0, "ray": 0, "ray_in_polls": 0}
+# makes (ray_in_polls); waits: polls that found nothing in the whole
+# of the feeder's poll interval (a feeder that spins waits in none).
+counts = {"tfray": 0, "polls": 0, "rounds": 0, "windows": 0, "bundles": 0, "ray": 0, "ray_in_polls": 0, "waits": 0}
 # Calls tfray's frames make straight into Ray's (but for a poll's), by name:
 # ``get`` and ``wait`` give up the GIL and take it back.
 ray_api = {}
@@ -53,6 +57,13 @@ def _called_by_tfray(frame):
 
 
 def profile(frame, event, arg):
+    if event == "return":
+        code = frame.f_code
+        if code.co_name == "poll" and code.co_filename == RAY_API and arg == []:
+            timeout = frame.f_locals.get("timeout")
+            if timeout is not None and timeout >= feeder._POLL_S:
+                counts["waits"] += 1
+        return
     if event != "call":
         return
     filename = frame.f_code.co_filename

@@ -30,13 +30,28 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "python_calls.py")
 CALLS_PER_WINDOW = 20
 # Per turn of the feeder that found nothing resolved yet (how many depends
 # on how long Ray takes, not on the batches); a poll's own calls are
-# counted apart.
+# counted apart. Each such turn waited the feeder's whole poll interval in
+# a poll, or found a bundle or the epoch's end on its way (see
+# idle_rounds): a feeder that spins, asking again without waiting, would
+# loosen the bound by its turns instead.
 CALLS_PER_IDLE_ROUND = 10
 # Per bundle: its turn at the producers' streams, its label, its batches'.
 CALLS_PER_BUNDLE = 15
 # Per turn of the feeder over producers' streams that found nothing: the
 # turn's poll and the unbundling wrapper's own, besides the above.
 CALLS_PER_IDLE_PRODUCER_ROUND = 15
+
+
+def idle_rounds(got):
+    """The feeder's turns that pushed nothing, checked to be turns that waited.
+
+    A turn finds nothing when a poll waited the feeder's whole interval
+    (``waits``), and at most once per producer's bundle (a bundle ready
+    whose batches the next turn takes) and at the epoch's end.
+    """
+    idle = got["rounds"] - got["windows"]
+    assert 0 <= idle <= got["waits"] + got["bundles"] + 2, got
+    return idle
 
 
 def count(batches, window, rows, source="refs"):
@@ -67,12 +82,12 @@ def test_tfray_python_runs_per_window_not_per_batch(rows, batches, where):
         f"{where}: {got['batches']} batches in {got['windows']} windows; calls into "
         f"tfray {got['tfray']} ({got['tfray'] / got['batches']:.3f} a batch), into Ray "
         f"{got['ray']} ({got['ray'] / got['batches']:.1f} a batch); {got['rounds']} turns of "
-        f"the feeder, {got['polls']} calls in polls; tfray's calls into Ray {got['ray_api']}"
+        f"the feeder, {got['waits']} idle polls, {got['polls']} calls in polls; tfray's calls into Ray {got['ray_api']}"
     )
     assert got["batches"] == batches and got["copied"] == 0  # Every batch took the native path: tfray copied none.
     assert got["windows"] < got["batches"] / 8, got  # Windows of many batches.
-    idle_rounds = got["rounds"] - got["windows"]
-    assert got["tfray"] <= CALLS_PER_WINDOW * got["windows"] + CALLS_PER_IDLE_ROUND * idle_rounds + 20, got
+    idle = idle_rounds(got)
+    assert got["tfray"] <= CALLS_PER_WINDOW * got["windows"] + CALLS_PER_IDLE_ROUND * idle + 20, got
     if rows == 16:
         # Every object is ready from the start: a window costs one Ray call
         # that gives up the GIL (ray.get), with no ray.wait before it.
@@ -86,17 +101,17 @@ def test_from_generators_python_runs_per_bundle_not_per_batch():
         f"from_generators (16 KB): {got['batches']} batches in {got['bundles']} bundles, "
         f"{got['windows']} windows; calls into tfray {got['tfray']} ({per_batch['tfray']} a "
         f"batch), into Ray {got['ray']} ({per_batch['ray']} a batch); {got['rounds']} turns of "
-        f"the feeder, {got['polls']} calls in polls ({got['ray_in_polls']} into Ray)"
+        f"the feeder, {got['waits']} idle polls, {got['polls']} calls in polls ({got['ray_in_polls']} into Ray)"
     )
     assert got["batches"] == 3200 and got["copied"] == 0
     # Bundles of up to 256 batches (4 MB): 1, 2, 4, ... 128 then 256s, per producer.
     assert 0 < got["bundles"] <= 2 * (8 + 1600 // 256 + 1), got
-    idle_rounds = got["rounds"] - got["windows"]
+    idle = idle_rounds(got)
     assert (
         got["tfray"]
         <= CALLS_PER_WINDOW * got["windows"]
         + CALLS_PER_BUNDLE * got["bundles"]
-        + CALLS_PER_IDLE_PRODUCER_ROUND * idle_rounds
+        + CALLS_PER_IDLE_PRODUCER_ROUND * idle
         + 20
     ), got
     # Ray's (but in polls, which follow how long Ray takes): one call per
