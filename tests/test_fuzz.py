@@ -349,6 +349,7 @@ def test_copies_are_exactly_the_arrays_tf_cannot_alias():
     assert address_in_object_store(resolved["c"].ctypes.data) and resolved["c"].ctypes.data % 64 == 0
     ds = tfray.Dataset([ref, ref])
     got = list(ds)
+    assert len(got) == 2
     for element in got:
         np.testing.assert_array_equal(element["c"].numpy(), big)
         np.testing.assert_array_equal(element["unaligned"].numpy(), big[0])

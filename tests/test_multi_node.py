@@ -101,6 +101,7 @@ def test_generators_on_another_node_feed_every_epoch_zero_copy(cluster):
                 assert_zero_copy(batch[key], key)
             got.append(float(batch["x"][0, 0]))
         assert sorted(got) == expected
+    assert len(ds.stats()) == 2  # One per epoch.
     for stats in ds.stats():
         assert stats.batches == 12
         assert stats.bytes_copied == 0 and stats.arrays_copied == 0

@@ -202,6 +202,8 @@ def test_a_type_spec_given_alone_is_kept():
     assert ours.element_spec[0] == spec
     assert theirs.element_spec[0] == tf.TensorSpec([None], tf.float64, name="x")
     assert ours.element_spec[1] == theirs.element_spec[1]
+    ours, theirs = list(ours), list(theirs)
+    assert len(ours) == len(theirs) == ROWS // 6
     for (a, _), (b, _) in zip(ours, theirs):
         np.testing.assert_array_equal(a.numpy(), b.numpy().astype(np.float32))
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import tfray
 from conftest import wait_until
-from tfray._internal.runtime import native
+from tfray._internal.runtime import runtime
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -121,7 +121,7 @@ def test_new_iterators_after_a_shutdown_or_a_restart_are_unavailable(fresh_ray, 
     assert len(list(ds)) >= 1
     if kind == "refs replayed":
         assert len(list(ds)) == 1
-        wait_until(lambda: native.load().lib.has_replay(ds._key))
+        wait_until(lambda: runtime.get().registry.view(ds.source_key).replayed)
     ray.shutdown()
     name = f"from_{kind.split()[0]} dataset"
     with pytest.raises(tf.errors.UnavailableError, match=f"{name}.*shut down before it started.*build a new tfray.Dataset"):
@@ -146,10 +146,20 @@ def test_tfrays_own_ray_calls_never_start_a_ray_after_a_shutdown(fresh_ray):
 
     ref = ray.put(1)
     ray.shutdown()
-    for call in (lambda: ray_api.get(ref, timeout=1), lambda: ray_api.wait([ref], num_returns=1, timeout=0)):
-        with pytest.raises(Exception):
+    from tfray._internal.runtime.status import Code, EpochError
+
+    calls = {
+        "get": lambda: ray_api.get(ref, timeout=1),
+        "wait": lambda: ray_api.wait([ref], num_returns=1, timeout=0),
+        "call": lambda: ray_api.call(ray.put, 1),
+        "poll": lambda: ray_api.poll([ref], 0),
+    }
+    for name, call in calls.items():
+        # The shutdown error, which the feeder pushes as an UnavailableError.
+        with pytest.raises(EpochError, match="Ray was shut down") as raised:
             call()
-        assert not ray.is_initialized()
+        assert raised.value.code == Code.UNAVAILABLE, name
+        assert not ray.is_initialized(), name
 
 
 @pytest.mark.parametrize("source", ["refs", "generators"])

@@ -38,10 +38,13 @@ def test_task_results_alias_without_copy():
 
     refs = [make.remote(i) for i in range(8)]
     ds = tfray.Dataset(refs)
+    seen = 0
     for i, t in enumerate(ds):
         assert data_pointer(t) == ray.get(refs[i]).ctypes.data
         assert_zero_copy(t, f"batch {i}")
         assert float(t[0, 0]) == i
+        seen += 1
+    assert seen == 8
     assert ds.stats()[-1].bytes_copied == 0
 
 
