@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TF_PACKAGE ?= tensorflow-cpu==2.21.*
 PYTEST_ARGS ?=
 
-.PHONY: venv deps build test test-all test-native test-asan test-compat test-sanitized test-mutants demo demo-quick examples-quick bench bench-augment clean
+.PHONY: venv deps build test test-all test-native test-asan test-compat test-sanitized test-mutants demo demo-quick examples-quick bench bench-images clean
 
 venv: $(PY)
 
@@ -117,11 +117,13 @@ BENCH_ARGS ?=
 bench: build
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
 
-# Python-heavy augmentation (decode, crop, flip, normalize) done by
-# from_generators producers, by tf.data's parallel map and by a
-# multiprocessing pool; with BENCH_ARGS=--quick in under a minute.
-bench-augment: build
-	$(PY) benchmarks/augment.py $(BENCH_ARGS)
+# JPEG files decoded, cropped, flipped and normalized into batches for an
+# input-only consumer and a small Keras model, in each way a TensorFlow user
+# would try (tf.data's C++ ops, numpy_function, a multiprocessing pool, Ray
+# Data, tfray); the files are made once under benchmarks/data/. About 15
+# minutes; BENCH_ARGS=--quick for about 3.
+bench-images: build
+	$(PY) benchmarks/end_to_end.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build *.egg-info tfray/_native*.so tfray/_build_info.py .pytest_cache
