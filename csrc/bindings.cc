@@ -86,7 +86,8 @@ PYBIND11_MODULE(_native, m) {
       .def_readonly("deterministic", &Request::deterministic)
       .def_readonly("skip", &Request::skip)
       .def_readonly("offered", &Request::offered)
-      .def_readonly("replayed", &Request::replayed);
+      .def_readonly("replayed", &Request::replayed)
+      .def_readonly("ended", &Request::ended);
 
   py::class_<tfray::Recording, std::shared_ptr<tfray::Recording>>(
       m, "Recording",
@@ -189,7 +190,16 @@ PYBIND11_MODULE(_native, m) {
       py::arg("timeout"),
       "Waits for new-epoch requests from TF iterators: a list of "
       "EpochRequest; offered: the iterator took the channel offered for it "
-      "(its feeder runs already).");
+      "(its feeder runs already); ended: a feeder's notice that its epoch "
+      "ended (post_ended).");
+  m.def(
+      "post_ended",
+      [](int64_t key, std::shared_ptr<Channel> channel) {
+        tfray::SourceRegistry::Global().PostEnded(key, std::move(channel));
+      },
+      py::arg("key"), py::arg("channel"),
+      "Tells the dispatcher that every batch of an epoch of source `key` is "
+      "in `channel`.");
   m.def(
       "offer_epoch",
       [](int64_t key, std::shared_ptr<Channel> channel) {

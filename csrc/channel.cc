@@ -380,6 +380,18 @@ void SourceRegistry::EndSession() {
   for (auto& entry : offered) entry.second->Cancel();
 }
 
+void SourceRegistry::PostEnded(int64_t key, std::shared_ptr<Channel> channel) {
+  Request notice;
+  notice.key = key;
+  notice.channel = std::move(channel);
+  notice.ended = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    requests_.push_back(std::move(notice));
+  }
+  cv_.notify_all();
+}
+
 std::vector<SourceRegistry::Request> SourceRegistry::WaitRequests(
     double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);

@@ -242,6 +242,10 @@ class SourceRegistry {
     // Set on the notice the dispatcher gets when the iterator was served
     // from the source's replay: nothing to start, only to count.
     bool replayed = false;
+    // Set on the notice a feeder posts once every batch of its epoch is in
+    // `channel`: the dispatcher, not the feeder's thread, decides whether
+    // to keep the epoch to replay or to open the next one.
+    bool ended = false;
   };
   // Returns false if `key` is not registered. Otherwise `*reads` (if given)
   // is the channel the iterator reads: `request.channel`, preloaded and
@@ -266,6 +270,8 @@ class SourceRegistry {
   // the GIL) before a replay serves an epoch, so that none is served once
   // ray.shutdown() began. Without one, no replay serves.
   void SetSessionProbe(bool (*alive)());
+  // Posts the notice that the epoch `channel` carries of `key` has ended.
+  void PostEnded(int64_t key, std::shared_ptr<Channel> channel);
   // Waits up to `timeout_s` for requests and returns all pending ones.
   std::vector<Request> WaitRequests(double timeout_s);
 

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 import tfray
 from conftest import wait_until, without_prefetch
-from tfray._internal.runtime import native
+from tfray._internal.runtime import runtime
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
@@ -47,18 +47,19 @@ def test_consumer_runs_while_another_thread_holds_the_gil():
     first = next(iterator)  # Asks for the epoch, outside the hold.
     wait_until(lambda: ds.stats()[-1].queued == N - 1)  # The rest is resolved.
     # A source read twice has its next epoch started ahead and offered to
-    # its next iterator (internal state, read only to know it is ready);
-    # with max_inflight=1 its epoch of 2 is more than it may keep to replay.
+    # its next iterator (the registry's view says when it is ready); with
+    # max_inflight=1 its epoch of 2 is more than it may keep to replay.
+    registry = runtime.get().registry
     other = tfray.Dataset(refs[:2], max_inflight=1)
     for _ in range(2):
         assert len(list(other)) == 2
-    wait_until(lambda: other._source._offered is not None and other._source._offered.channel.stats()["queued"] == 1)
+    wait_until(lambda: registry.view(other.source_key).offered_queued == 1)
     other_epoch = without_prefetch(other)  # Reads no batch ahead of the one GetNext.
     # A list read twice whose epoch fits its look-ahead is replayed.
     replayed = tfray.Dataset(refs[:REPLAYED])
     for _ in range(2):
         assert len(list(replayed)) == REPLAYED
-    wait_until(lambda: native.load().lib.has_replay(replayed._key))
+    wait_until(lambda: registry.view(replayed.source_key).replayed)
     replayed_epochs = without_prefetch(replayed).repeat(REPLAYED_EPOCHS)
     # A source whose only batch never resolves: its GetNext blocks on an
     # empty channel until it is cancelled.

@@ -29,6 +29,11 @@ def lib():
     return native.load().lib
 
 
+def replayed(ds):
+    """Whether ``ds``'s later epochs are replayed natively (the registry's view)."""
+    return runtime.get().registry.view(ds.source_key).replayed
+
+
 def batches(n=N, order="C"):
     return [ray.put(np.asarray(np.full((ROWS, 64), i, np.float32), order=order)) for i in range(n)]
 
@@ -41,9 +46,9 @@ def test_a_list_read_again_is_replayed_from_its_third_epoch_and_freed_with_its_d
     kept_before = lib().replayed_batches()  # Other datasets' (none, unless one lives on).
     ds = tfray.Dataset(batches())
     assert firsts(ds) == list(range(N))
-    assert not lib().has_replay(ds._key)  # Read once: nothing kept.
+    assert not replayed(ds)  # Read once: nothing kept.
     assert firsts(ds) == list(range(N))
-    wait_until(lambda: lib().has_replay(ds._key))
+    wait_until(lambda: replayed(ds))
     assert lib().replayed_batches() == kept_before + N
     for _ in range(3):
         assert firsts(ds) == list(range(N))
@@ -51,9 +56,10 @@ def test_a_list_read_again_is_replayed_from_its_third_epoch_and_freed_with_its_d
     # Replayed epochs are counted like any other; every byte went zero-copy.
     wait_until(lambda: len(ds.stats()) == 2 + 3 + 3)
     assert all(s.batches == N and s.bytes_copied == 0 and s.finished for s in ds.stats())
-    key = ds._key
+    key = ds.source_key
     del ds
     gc.collect()
+    assert runtime.get().registry.view(key) is None  # Unregistered.
     assert not lib().has_replay(key) and lib().replayed_batches() == kept_before
     wait_until(lambda: runtime.get().pins.count() == kept_before)
 
@@ -62,7 +68,7 @@ def test_a_restored_iterator_is_served_from_its_position(tmp_path):
     ds = tfray.Dataset(batches())
     for _ in range(2):
         assert firsts(ds) == list(range(N))
-    wait_until(lambda: lib().has_replay(ds._key))
+    wait_until(lambda: replayed(ds))
     it = iter(ds)
     assert [float(next(it)[0, 0]) for _ in range(2)] == [0, 1]
     checkpoint = tf.train.Checkpoint(iterator=it)
@@ -81,7 +87,7 @@ def test_an_epoch_beyond_the_look_ahead_bounds_is_not_kept(options):
     ds = tfray.Dataset(batches(), **options)
     for _ in range(4):
         assert firsts(ds) == list(range(N))
-    assert not lib().has_replay(ds._key)
+    assert not replayed(ds)
 
 
 def test_an_epoch_that_needed_copies_is_not_kept():
@@ -89,7 +95,7 @@ def test_an_epoch_that_needed_copies_is_not_kept():
     ds = tfray.Dataset(batches(order="F"))
     for _ in range(4):
         assert firsts(ds) == list(range(N))
-    assert not lib().has_replay(ds._key)
+    assert not replayed(ds)
     assert ds.stats()[-1].arrays_copied == N
 
 
@@ -111,7 +117,7 @@ def test_recording_an_epoch_pins_no_more_than_the_look_ahead():
     # have pinned the whole epoch: all 60.
     print(f"peak pins {peak} of an epoch of {n}")
     assert peak <= n // 3, peak
-    assert not lib().has_replay(ds._key)
+    assert not replayed(ds)
 
 
 def test_replays_ask_rays_core_worker_whether_the_session_is_up():

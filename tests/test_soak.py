@@ -153,7 +153,9 @@ class Soak:
         # pinned until an iterator takes it. Take that and drop it mid-epoch
         # (which offers nothing), so that any other pin left is a leak.
         wait_until(lambda: all(s.finished for s in self.refs_ds.stats() + self.gen_ds.stats()))
-        if self.refs_ds._source.has_offer():
+        registry = runtime.get().registry
+        assert registry.settled(10)  # Each end has been kept or has had its next epoch offered.
+        if registry.view(self.refs_ds.source_key).offered:
             it = iter(self.refs_ds)
             next(it)
             del it

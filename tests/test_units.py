@@ -16,9 +16,9 @@ from tfray._internal.distribute import coordinator
 from tfray._internal.runtime import lookahead as lookahead_lib
 from tfray._internal.runtime import ray_api
 from tfray._internal.runtime.lookahead import LookAhead
+from tfray._internal.runtime.registry import SourceEpochs
 from tfray._internal.runtime.streams import Bundle, Shard
 from tfray._internal.sources import inflight, producer
-from tfray._internal.sources.base import Source
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -175,6 +175,9 @@ def test_a_late_worker_joins_the_oldest_epoch_not_over(clock):
 class FakeChannel:
     claimed = False  # The native registry sets it when an iterator takes the offer.
 
+    def stats(self):
+        return {"queued": 1}
+
 
 class FakeFeeder:
     def __init__(self):
@@ -183,45 +186,51 @@ class FakeFeeder:
 
 
 @pytest.fixture
-def source(monkeypatch):
-    monkeypatch.setattr(ray_api, "session", lambda: ("node", "job"))
-    return Source(element_spec=None, capacity=2)
+def epochs():
+    return SourceEpochs(source=None)
 
 
-def test_one_offer_at_a_time_and_only_when_published(source):
+def test_one_offer_at_a_time_and_only_when_published(epochs):
     first, second = FakeFeeder(), FakeFeeder()
-    assert not source.offer(first, publish=lambda: False)  # The native registry refused it.
-    assert not source.has_offer()
-    assert source.offer(first, publish=lambda: True)
-    assert source.has_offer()
-    assert not source.offer(second, publish=lambda: True)  # One at a time.
+    assert not epochs.offer(first, publish=lambda: False)  # The native registry refused it.
+    assert not epochs.view(replayed=False).offered
+    assert epochs.offer(first, publish=lambda: True)
+    assert epochs.view(replayed=False).offered
+    assert not epochs.offer(second, publish=lambda: True)  # One at a time.
 
 
-def test_an_offer_counts_as_an_epoch_once_taken(source):
+def test_an_offer_counts_as_an_epoch_once_taken(epochs):
     offered = FakeFeeder()
-    source.offer(offered, publish=lambda: True)
-    assert source.feeders() == []  # Not read yet: not an epoch in stats().
+    epochs.offer(offered, publish=lambda: True)
+    view = epochs.view(replayed=False)
+    assert view.recent == () and view.epochs == 0  # Not read yet: not an epoch in stats().
+    assert view.offered_queued == 1
     offered.channel.claimed = True  # An iterator took it natively.
-    assert not source.has_offer()  # The next epoch may be offered already.
-    assert source.feeders() == [offered]
-    # The dispatcher heard of it; not yet filled, its end will offer the next.
-    assert not source.take_offered(offered.channel)
-    assert not source.has_offer() and source.feeders() == [offered]
+    view = epochs.view(replayed=False)
+    assert not view.offered  # The next epoch may be offered already.
+    assert view.recent == (offered,)
+    # The dispatcher heard of it: it counts, and is the feeder it finds.
+    assert epochs.take_offered(offered.channel) is offered
+    view = epochs.view(replayed=False)
+    assert not view.offered and view.recent == (offered,) and view.epochs == 1
 
 
-def test_an_offer_taken_once_filled_asks_for_the_next(source):
-    """Its end came while it was on offer, when no next one may be offered."""
-    offered = FakeFeeder()
-    source.offer(offered, publish=lambda: True)
-    offered.done.set()
+def test_an_offered_epoch_is_found_by_its_channel_before_and_after_it_is_taken(epochs):
+    """Its end may reach the dispatcher either side of an iterator taking it."""
+    offered, other = FakeFeeder(), FakeFeeder()
+    epochs.began(other)
+    epochs.offer(offered, publish=lambda: True)
+    assert epochs.find(offered.channel) is offered
     offered.channel.claimed = True
-    assert source.take_offered(offered.channel)
+    assert epochs.find(offered.channel) is offered
+    assert epochs.find(FakeChannel()) is None
 
 
-def test_closing_forgets_an_offer_no_iterator_took(source):
-    source.offer(FakeFeeder(), publish=lambda: True)
-    source.close()
-    assert not source.has_offer() and source.feeders() == []
+def test_forgetting_an_offer_no_iterator_took(epochs):
+    epochs.offer(FakeFeeder(), publish=lambda: True)
+    epochs.forget_offer()
+    view = epochs.view(replayed=False)
+    assert not view.offered and view.recent == ()
 
 
 # The feeder pool.

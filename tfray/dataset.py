@@ -113,6 +113,16 @@ class Dataset(dataset_ops.DatasetSource):
     def _inputs(self):
         return [] if self._wire is None else [self._wire]
 
+    @property
+    def source_key(self):
+        """The key this dataset's source is registered under in this process.
+
+        Its graph carries it (the source op's ``source_key`` input) in place
+        of the source itself; the runtime's registry holds the source's
+        epochs under it.
+        """
+        return self._key
+
     @classmethod
     def from_refs(
         cls,
@@ -371,7 +381,7 @@ class Dataset(dataset_ops.DatasetSource):
         Returns:
             A list of ``tfray.IteratorStats``, one per iterator (epoch).
         """
-        return [stats.of_feeder(f) for f in self._source.feeders()]
+        return [stats.of_feeder(f) for f in runtime.get().registry.recent(self._key)]
 
 
 class _Wire(dataset_ops.DatasetSource):

@@ -162,7 +162,8 @@ class Feeder:
         record_within: ``(batches, bytes)`` the recording may reach (bytes
             None: no byte bound); past either it is dropped.
         on_end: called with the feeder (on its thread) once every batch of
-            the epoch is in the channel, unless the epoch was cancelled.
+            the epoch is in the channel, unless the epoch was cancelled; it
+            must return promptly (the registry posts a notice).
         name: the dataset this epoch is of, for messages.
     """
 
@@ -208,16 +209,24 @@ class Feeder:
         """
         return self._recording if self._whole else None
 
+    def take_recording(self):
+        """``recording``, handed over once: the feeder keeps it no longer (nor its pins)."""
+        recording, self._recording = self.recording, None
+        return recording
+
     def run(self):
+        told = False
         try:
             if self._run() and self._on_end is not None:
                 try:
                     self._on_end(self)
+                    told = True
                 except Exception:  # Only an optimisation: never fail the epoch for it.
                     logger.exception("tfray: the end-of-epoch hook failed")
         finally:
-            self._recording = None  # on_end had it; kept, its batches stay pinned.
-            self.done.set()  # After on_end: a finished epoch has made its offer.
+            if not told:  # Told, it keeps the recording for take_recording.
+                self._recording = None
+            self.done.set()
 
     def _run(self):
         """Feeds the epoch and releases it; True if it reached the end."""

@@ -1,20 +1,34 @@
-"""The source registry and the dispatcher that starts a feeder per iterator.
+"""The source registry, and the dispatcher that owns every epoch's life.
 
 Each tfray dataset registers its source under an integer key; the dataset
-graph carries only that key. A TF iterator asks for an epoch by posting a
-channel to the native registry (no GIL needed); the dispatcher thread here
-takes the request and starts a feeder on it.
+graph carries only that key. Where an epoch starts, who owns it and who
+ends it, all here, on the dispatcher thread:
 
-A source read again may be served ahead of the dispatcher, natively: its
-next epoch offered as the last one ends (the first window already in the
-channel), or, when its whole epoch fits in its look-ahead's bounds, every
-epoch from the third on replayed from the pinned batches of the second.
+1. **Start.** A TF iterator asks for an epoch by posting a channel to the
+   native registry (no GIL needed). The dispatcher takes the request, opens
+   the source's epoch (``Source.open_epoch``: what to read) and starts a
+   feeder on it (``FeederPool``).
+2. **Served ahead.** A source read again may be served without the
+   dispatcher, natively: from the epoch offered as the last one ended (its
+   first window already in the channel), or, when a whole epoch fits in the
+   source's replay bounds, every epoch from the third on is replayed from the
+   pinned batches of the second. The native registry tells the dispatcher of
+   each such epoch, which it counts.
+3. **End.** A feeder that pushed every batch of its epoch posts a notice
+   (``post_ended``) and is done; the dispatcher then keeps the epoch to
+   replay or opens the next one and offers it. A cancelled epoch ends with
+   its iterator; the source's epochs end when its dataset is collected
+   (``unregister``).
+
+``SourceEpochs`` holds one source's part of that state; ``view`` reads it.
 """
 
+import collections
 import functools
 import itertools
 import logging
 import threading
+from typing import NamedTuple, Tuple
 
 import ray._raylet
 
@@ -24,6 +38,98 @@ from tfray._internal.runtime.service import Service
 from tfray._internal.runtime.status import BatchError, Code
 
 logger = logging.getLogger("tfray")
+
+
+class SourceEpochs:
+    """One registered source's epochs: how many began, the one offered ahead, the recent ones.
+
+    Changed on the dispatcher thread only; read by stats() from others, so
+    every access holds ``_lock``.
+    """
+
+    def __init__(self, source):
+        self.source = source
+        self._lock = threading.Lock()
+        self._began = 0  # Epochs begun: started, taken from an offer, replayed.
+        self._offered = None  # The feeder of the epoch offered ahead; until claimed.
+        self._recent = collections.deque(maxlen=256)  # Feeders of begun epochs, for stats().
+
+    @property
+    def epochs(self):
+        """Epochs begun so far."""
+        with self._lock:
+            return self._began
+
+    def began(self, epoch):
+        """Counts an epoch an iterator reads (a feeder, or a Replayed) and keeps it for stats()."""
+        with self._lock:
+            self._began += 1
+            self._recent.append(epoch)
+
+    def offer(self, feeder, publish):
+        """Offers the epoch ``feeder`` fills to the next iterator, via ``publish()``.
+
+        False if there is an offer already or ``publish()`` fails. Under the
+        lock, so that the offer is kept before anyone can see it taken.
+        """
+        with self._lock:
+            self._settle()
+            if self._offered is not None or not publish():
+                return False
+            self._offered = feeder
+            return True
+
+    def take_offered(self, channel):
+        """An iterator took the epoch offered in ``channel``: it counts as begun.
+
+        Returns its feeder (None if it was not the offer kept here).
+        """
+        with self._lock:
+            self._began += 1
+            self._settle()
+            return next((f for f in reversed(self._recent) if f.channel is channel), None)
+
+    def find(self, channel):
+        """The feeder of a begun or offered epoch whose channel is ``channel``, or None."""
+        with self._lock:
+            if self._offered is not None and self._offered.channel is channel:
+                return self._offered
+            return next((f for f in reversed(self._recent) if f.channel is channel), None)
+
+    def forget_offer(self):
+        """Forgets an epoch no iterator took (the dataset is gone)."""
+        with self._lock:
+            self._offered = None  # Unregistering cancelled its channel.
+
+    def view(self, replayed):
+        with self._lock:
+            self._settle()
+            offered = self._offered
+            return SourceView(
+                epochs=self._began,
+                offered=offered is not None,
+                offered_queued=0 if offered is None else offered.channel.stats()["queued"],
+                replayed=replayed,
+                recent=tuple(self._recent),
+            )
+
+    def _settle(self):
+        # An iterator takes an offer natively (its channel is claimed then),
+        # before the dispatcher hears of it: from then on it is an epoch like
+        # any other, and the next may be offered.
+        if self._offered is not None and self._offered.channel.claimed:
+            self._recent.append(self._offered)
+            self._offered = None
+
+
+class SourceView(NamedTuple):
+    """What a registered source's epochs look like now (``Registry.view``)."""
+
+    epochs: int  # Begun, however served.
+    offered: bool  # An epoch waits on offer for the next iterator.
+    offered_queued: int  # Batches already in the offered epoch's channel.
+    replayed: bool  # Later epochs are replayed natively.
+    recent: Tuple  # The recent epochs' feeders (or Replayed), oldest first.
 
 
 class Registry(Service):
@@ -43,8 +149,11 @@ class Registry(Service):
         self._feeders = feeders
         self._pins = pins
         self._lock = threading.Lock()
-        self._sources = {}  # key -> source; guarded by _lock.
+        self._sources = {}  # key -> SourceEpochs; guarded by _lock.
         self._keys = itertools.count(1)  # next() is atomic under the GIL.
+        # Epoch ends posted and not yet handled (see settled); guarded by _settled.
+        self._ends_pending = 0
+        self._settled = threading.Condition()
         # Replays need to see the Ray session end (see _replay).
         self._session_probe = lib.watch_ray_session(ray._raylet.__file__)
 
@@ -53,50 +162,84 @@ class Registry(Service):
         key = next(self._keys)
         self._lib.register_source(key, source.cardinality, source.capacity)
         with self._lock:
-            self._sources[key] = source
+            self._sources[key] = SourceEpochs(source)
         return key
 
     def unregister(self, key):
         self._lib.unregister_source(key)
         with self._lock:
-            source = self._sources.pop(key, None)
-        if source is not None:
-            source.close()
+            entry = self._sources.pop(key, None)
+        if entry is not None:
+            entry.forget_offer()
+            entry.source.close()
 
-    def _source(self, key):
+    def view(self, key):
+        """A SourceView of source ``key``, or None if it is not registered."""
+        entry = self._entry(key)
+        return None if entry is None else entry.view(replayed=self._lib.has_replay(key))
+
+    def recent(self, key):
+        """The recent epochs of source ``key`` (for stats()), oldest first."""
+        view = self.view(key)
+        return [] if view is None else list(view.recent)
+
+    def settled(self, timeout):
+        """Waits up to ``timeout`` s until every epoch end posted so far was handled; True if so.
+
+        Then each ended epoch has been kept to replay or has had its next one
+        offered.
+        """
+        with self._settled:
+            return self._settled.wait_for(lambda: self._ends_pending == 0, timeout)
+
+    def _entry(self, key):
         with self._lock:
             return self._sources.get(key)
 
     def _run(self):
         while not self._stop.is_set():
             for request in self._lib.wait_requests(0.2):  # Waits without the GIL.
-                self._start_epoch(request)
+                try:
+                    self._handle(request)
+                except Exception:  # The dispatcher must live on: every iterator waits on it.
+                    logger.exception("tfray: the dispatcher failed on a request")
             if not ray_api.ray_running():  # Ray shut down: replays and offers go.
                 self._lib.end_session()
 
-    def _start_epoch(self, request):
+    def _handle(self, request):
         # A method of its own so that no frame keeps the source alive while
         # the dispatcher waits: a collected dataset must free its refs.
         key, channel = request.key, request.channel
-        source = self._source(key)
-        if request.replayed:  # Served natively; kept for stats().
-            if source is not None:
-                source.epochs += 1
-                source.record(Replayed(channel))
-            return
-        if request.offered:  # An iterator took the epoch offered to it: its feeder runs.
-            if source is not None:
-                source.epochs += 1
-                if source.take_offered(channel):  # Already filled: no end will offer the next.
-                    self._offer_next_epoch(key)
-            return
-        if source is None:
+        entry = self._entry(key)
+        if request.ended:
+            try:
+                if entry is not None:
+                    self._epoch_ended(key, entry, entry.find(channel))
+            finally:
+                with self._settled:
+                    self._ends_pending -= 1
+                    self._settled.notify_all()
+        elif request.replayed:  # Served natively; kept for stats().
+            if entry is not None:
+                entry.began(Replayed(channel))
+        elif request.offered:  # An iterator took the epoch offered to it: its feeder runs.
+            if entry is not None:
+                taken = entry.take_offered(channel)
+                if taken is not None and taken.done.is_set():
+                    # It ended while on offer, when no next one could be offered.
+                    self._epoch_ended(key, entry, taken)
+        elif entry is None:
             channel.push_error(
                 int(Code.NOT_FOUND),
                 f"tfray source {key} was unregistered: its tfray.Dataset was garbage collected.",
             )
             channel.close()
-            return
+        else:
+            self._start_epoch(key, entry, request)
+
+    def _start_epoch(self, key, entry, request):
+        channel = request.channel
+        source = entry.source
         try:
             _check_session(key, source)
             stream = source.open_epoch(
@@ -114,25 +257,22 @@ class Registry(Service):
             channel.close()
             return
         # A second reading of a whole epoch is recorded, to replay.
-        record = source.epochs >= 1 and request.skip == 0
+        record = entry.epochs >= 1 and request.skip == 0
         feeder = self._feeder(key, source, stream, channel, record=record)
-        source.epochs += 1
-        source.record(feeder)  # For stats().
+        entry.began(feeder)
         self._feeders.start(feeder)
 
-    def _epoch_ended(self, key, feeder):
-        """On the feeder's thread: every batch of an epoch of ``key`` is in its channel.
+    def _epoch_ended(self, key, entry, feeder):
+        """Every batch of ``feeder``'s epoch is in its channel.
 
         A recorded epoch that fits its source's bounds is kept to replay;
         otherwise the next epoch is offered.
         """
-        source = self._source(key)
-        if source is None:
+        recording = None if feeder is None else feeder.take_recording()
+        if recording is not None and recording.size == entry.source.cardinality and self._replay(key, recording):
             return
-        recording = feeder.recording  # Within the source's replay bounds.
-        if recording is not None and recording.size == source.cardinality and self._replay(key, recording):
-            return
-        self._offer_next_epoch(key)
+        del recording  # Not kept: its batches' pins go.
+        self._offer_next_epoch(key, entry)
 
     def _replay(self, key, recording):
         """Keeps ``recording`` for the native registry to serve ``key``'s epochs from.
@@ -145,7 +285,7 @@ class Registry(Service):
         """
         return self._session_probe and self._lib.set_replay(key, recording)
 
-    def _offer_next_epoch(self, key):
+    def _offer_next_epoch(self, key, entry):
         """Starts the next epoch of a source that replays, as the last one ends.
 
         Its feeder resolves the first window into a channel the native registry
@@ -156,25 +296,24 @@ class Registry(Service):
         once; the offer pins that window (within the look-ahead's bounds) until
         an iterator takes it or the dataset is collected.
         """
-        source = self._source(key)
-        if (
-            source is None
-            or not source.replays
-            or source.epochs < 2
-            or source.has_offer()
-            or self._lib.has_replay(key)
-        ):
+        source = entry.source
+        view = entry.view(replayed=self._lib.has_replay(key))
+        if not source.replays or view.epochs < 2 or view.offered or view.replayed:
             return
         channel = self._lib.Channel(source.capacity)
-        stream = source.open_epoch(deterministic=True, taken=lambda: channel.items_taken)
+        try:
+            _check_session(key, source)
+            stream = source.open_epoch(deterministic=True, taken=lambda: channel.items_taken)
+        except BatchError:  # Ray went: the next iterator hears it from _start_epoch.
+            return
         feeder = self._feeder(key, source, stream, channel, record=True)
-        if source.offer(feeder, lambda: self._lib.offer_epoch(key, channel)):
+        if entry.offer(feeder, lambda: self._lib.offer_epoch(key, channel)):
             self._feeders.start(feeder)
-        else:  # Another epoch's end offered first, or the source is gone.
+        else:  # The source is gone meanwhile.
             stream.close()
 
     def _feeder(self, key, source, stream, channel, *, record=False):
-        """A feeder of ``stream`` into ``channel`` that, at the epoch's end, calls _epoch_ended.
+        """A feeder of ``stream`` into ``channel`` that posts its epoch's end to the dispatcher.
 
         ``record``: it records the epoch, to replay, if the source allows.
         """
@@ -188,9 +327,14 @@ class Registry(Service):
             native_spec=source.flat_spec.native(self._lib, self._lib.TENSOR_ALIGNMENT),
             recording=None if bounds is None else self._lib.Recording(),
             record_within=bounds or (0, None),
-            on_end=functools.partial(self._epoch_ended, key),
+            on_end=functools.partial(self._post_ended, key),
             name=_describe(key, source),
         )
+
+    def _post_ended(self, key, feeder):
+        with self._settled:
+            self._ends_pending += 1
+        self._lib.post_ended(key, feeder.channel)
 
 
 class Replayed:

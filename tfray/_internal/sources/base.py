@@ -1,12 +1,12 @@
-"""What every source has: a spec, a bound, its recent epochs, and the checks they share.
+"""What every source has: a spec, a bound, and the checks they share.
 
-A source knows its element spec, cardinality and channel capacity, and opens
-a stream per epoch (see ``runtime/feeder.py`` for what a stream is). One
-module per kind holds its source, its streams and its argument checks:
-``refs.py``, ``generators.py``, ``ray_data.py``.
+A source says what to read: its element spec, cardinality and channel
+capacity, and a stream per epoch (see ``runtime/streams.py`` for what a
+stream is). Its epochs' life (counting, offering, replaying, stats) is the
+runtime registry's. One module per kind holds its source, its streams and
+its argument checks: ``refs.py``, ``generators.py``, ``ray_data.py``.
 """
 
-import collections
 import logging
 import numbers
 import threading
@@ -41,7 +41,7 @@ def positive_int(name, value):
 
 
 class Source:
-    """What every source has: a spec, a bound, and its recent epochs' feeders."""
+    """What every source has: a spec, a bound, and how to open an epoch."""
 
     cardinality = UNKNOWN_CARDINALITY
     replays = False  # Every epoch has the same batches: the next may start early.
@@ -55,10 +55,7 @@ class Source:
         self._element_spec = element_spec  # None: learned on first use.
         self._flat_spec = None
         self.capacity = capacity  # Batches each epoch's channel holds.
-        self.epochs = 0  # Epochs started; the dispatcher's alone.
-        self._lock = threading.Lock()
-        self._feeders = collections.deque(maxlen=256)  # For stats(); guarded by _lock.
-        self._offered = None  # The feeder of an epoch offered ahead; guarded by _lock.
+        self._lock = threading.Lock()  # For a kind's own state (generators' first epoch).
 
     @property
     def element_spec(self):
@@ -134,57 +131,8 @@ class Source:
         """The look-ahead of a new epoch: fixed, at the channel's capacity."""
         return LookAhead(fixed=self.capacity)
 
-    def record(self, feeder):
-        with self._lock:
-            self._feeders.append(feeder)
-
-    def has_offer(self):
-        """Whether an epoch offered ahead waits for an iterator to take it."""
-        with self._lock:
-            self._settle_offer()
-            return self._offered is not None
-
-    def offer(self, feeder, publish):
-        """Offers the epoch ``feeder`` fills to the next iterator, via ``publish()``.
-
-        False if there is an offer already or ``publish()`` fails. Under the
-        lock, so the dispatcher cannot see the offer taken before it is kept.
-        """
-        with self._lock:
-            self._settle_offer()
-            if self._offered is not None or not publish():
-                return False
-            self._offered = feeder
-            return True
-
-    def take_offered(self, channel):
-        """The dispatcher heard that an iterator took the epoch offered in ``channel``.
-
-        True if that epoch was filled already: its end came while it was
-        still on offer, so it offered no next one.
-        """
-        with self._lock:
-            self._settle_offer()
-            taken = next((f for f in reversed(self._feeders) if f.channel is channel), None)
-            return taken is not None and taken.done.is_set()
-
-    def feeders(self):
-        with self._lock:
-            self._settle_offer()
-            return list(self._feeders)
-
-    def _settle_offer(self):
-        # An iterator takes an offer natively (its channel is claimed then),
-        # before the dispatcher hears of it: from then on it is an epoch like
-        # any other, and the next may be offered (at its end, say).
-        if self._offered is not None and self._offered.channel.claimed:
-            self._feeders.append(self._offered)
-            self._offered = None
-
     def close(self):
-        """Forgets an epoch no iterator took (the dataset is gone)."""
-        with self._lock:
-            self._offered = None  # Unregistering cancelled its channel.
+        """The dataset is gone: stops whatever the source keeps running (subclasses)."""
 
 
 def default_budget():
