@@ -17,7 +17,7 @@ from tfray._internal.runtime import lookahead as lookahead_lib
 from tfray._internal.runtime import ray_api
 from tfray._internal.runtime.lookahead import LookAhead
 from tfray._internal.runtime.registry import SourceEpochs
-from tfray._internal.runtime.streams import Bundle, Shard
+from tfray._internal.sources.bundles import Bundle, Shard
 from tfray._internal.sources import inflight, producer
 
 pytestmark = pytest.mark.timeout(30)
@@ -210,7 +210,7 @@ def test_an_offer_counts_as_an_epoch_once_taken(epochs):
     assert not view.offered  # The next epoch may be offered already.
     assert view.recent == (offered,)
     # The dispatcher heard of it: it counts, and is the feeder it finds.
-    assert epochs.take_offered(offered.channel) is offered
+    assert epochs.offer_taken(offered.channel) is offered
     view = epochs.view(replayed=False)
     assert not view.offered and view.recent == (offered,) and view.epochs == 1
 
@@ -266,7 +266,7 @@ def test_a_feeder_that_raises_leaves_its_thread_to_the_next():
         first = FakeRun(fail)
         pool.start(first)
         assert first.done.wait(5)
-        conftest.wait_until(lambda: pool._idle == 1, timeout=5)  # The thread counts itself idle.
+        conftest.wait_until(lambda: pool.idle == 1, timeout=5)  # The thread counts itself idle.
         ran = FakeRun(lambda: None)
         pool.start(ran)
         assert ran.done.wait(5), "the next feeder was queued for a thread that had died"
@@ -287,7 +287,7 @@ def test_a_feeder_that_meets_rays_system_exit_leaves_its_thread_to_the_next():
         first = FakeRun(exit_)
         pool.start(first)
         assert first.done.wait(5)
-        conftest.wait_until(lambda: pool._idle == 1, timeout=5)  # Else the thread died with the feeder.
+        conftest.wait_until(lambda: pool.idle == 1, timeout=5)  # Else the thread died with the feeder.
         ran = FakeRun(lambda: None)
         pool.start(ran)
         assert ran.done.wait(5)
@@ -302,9 +302,13 @@ def test_a_feeder_that_meets_rays_system_exit_leaves_its_thread_to_the_next():
 class ScriptedResolver:
     """Hands on the scripted items, one list per read."""
 
-    def __init__(self, units, lookahead):
-        self.reads = []
-        self.lookahead, self.in_flight = lookahead, 0
+    def __init__(self, reads):
+        self.reads = list(reads)
+        self.lookahead, self.in_flight = None, 0
+
+    def instead_of(self, units, lookahead):
+        """Stands for ``RefResolver(units, lookahead=...)``."""
+        return self
 
     def next_ready(self, timeout):
         return self.reads.pop(0) if self.reads else None
@@ -329,12 +333,12 @@ def test_dynamic_epoch_counts_errors_in_their_places(monkeypatch):
     """
     from tfray._internal.distribute import dynamic
 
-    monkeypatch.setattr(dynamic, "RefResolver", ScriptedResolver)
+    error = ValueError("refused")
+    resolver = ScriptedResolver([[("a", 1, None), ("b", None, error), ("c", 3, None)], []])
+    monkeypatch.setattr(dynamic, "RefResolver", resolver.instead_of)
     units = RecordingUnits()
     taken = [0]
     epoch = dynamic.DynamicEpoch(units, None, lambda: taken[0])
-    error = ValueError("refused")
-    epoch._resolver.reads = [[("a", 1, None), ("b", None, error), ("c", 3, None)], []]
     epoch.next_ready(0)
     assert units.taken == []  # Handed on, not yet taken.
     taken[0] = 2  # TF took a's batch and b's error.
@@ -349,13 +353,13 @@ def test_dynamic_epoch_counts_a_bundle_taken_once_tf_took_all_its_batches(monkey
     """A producer's bundle is one ref of its unit: finished only once TF took its last batch."""
     from tfray._internal.distribute import dynamic
 
-    monkeypatch.setattr(dynamic, "RefResolver", ScriptedResolver)
+    shard = Shard(3)
+    first, second = Bundle(shard), Bundle(shard)
+    resolver = ScriptedResolver([[(first, [10, 11, 12], None), (second, [13], None)], []])
+    monkeypatch.setattr(dynamic, "RefResolver", resolver.instead_of)
     units = RecordingUnits()
     taken = [0]
     epoch = dynamic.DynamicEpoch(units, None, lambda: taken[0])
-    shard = Shard(3)
-    first, second = Bundle(shard), Bundle(shard)
-    epoch._resolver.reads = [[(first, [10, 11, 12], None), (second, [13], None)], []]
     assert epoch.next_ready(0) == [
         ("shard 3 batch 0", 10, None),
         ("shard 3 batch 1", 11, None),

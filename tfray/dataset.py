@@ -12,6 +12,7 @@ from tfray._internal import sources
 from tfray._internal.distribute import auto as distribute
 from tfray._internal.runtime import native, runtime, stats
 from tfray._internal.sources import ray_data
+from tfray.stats import IteratorStats
 
 _RAY_DATA_CAPACITY = 4
 
@@ -381,7 +382,7 @@ class Dataset(dataset_ops.DatasetSource):
         Returns:
             A list of ``tfray.IteratorStats``, one per iterator (epoch).
         """
-        return [stats.of_feeder(f) for f in runtime.get().registry.recent(self._key)]
+        return [IteratorStats(**stats.of_feeder(f)) for f in runtime.get().registry.recent(self._key)]
 
 
 class _Wire(dataset_ops.DatasetSource):

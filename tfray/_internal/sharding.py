@@ -1,4 +1,4 @@
-"""Options of ``sharding="dynamic"``: ``tfray.DynamicSharding``."""
+"""Options of ``sharding="dynamic"`` (public as ``tfray.DynamicSharding``): the distribute layer reads them."""
 
 import dataclasses
 import typing

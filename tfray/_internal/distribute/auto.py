@@ -22,7 +22,7 @@ from tensorflow.python.distribute import multi_worker_util
 
 from tfray._internal import sources
 from tfray._internal.distribute.dynamic import DynamicSource
-from tfray.sharding import DynamicSharding
+from tfray._internal.sharding import DynamicSharding
 
 logger = logging.getLogger("tfray")
 

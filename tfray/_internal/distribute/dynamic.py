@@ -29,8 +29,8 @@ import ray
 from tfray._internal.distribute import coordinator
 from tfray._internal.runtime.resolver import RefResolver
 from tfray._internal.runtime.status import BatchError, Code
-from tfray._internal.runtime.streams import Bundle, batches_in, unbundle
 from tfray._internal.sources import UNKNOWN_CARDINALITY, Source
+from tfray._internal.sources.bundles import BundledRefs, batches_in, unbundle
 
 # A coordinator no worker has called for this long ends itself.
 _IDLE_S = 600.0
@@ -83,8 +83,8 @@ class DynamicSource(Source):
         return DynamicEpoch(units, self._whole.lookahead(), taken)
 
 
-class UnitRefs:
-    """The ref stream of one worker's epoch: refs of the units it is handed.
+class UnitRefs(BundledRefs):
+    """The ref stream of one worker's epoch: refs of the units it is handed (a generator unit's are bundles).
 
     Args:
         client: the worker's coordinator.Client.
@@ -201,10 +201,7 @@ class DynamicEpoch:
         items = self._resolver.next_ready(timeout)
         if not items:
             return items
-        if not isinstance(items[0][0], Bundle):
-            self._handed.extend((label, 1) for label, _, _ in items)
-            return items
-        # A unit's ref is taken once TF took every batch of its bundle.
+        # A unit's ref is taken once TF took every batch it holds.
         self._handed.extend((label, batches_in(label, value)) for label, value, _ in items)
         return unbundle(items)
 

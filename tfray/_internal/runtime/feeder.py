@@ -10,11 +10,7 @@ stream (and so Ray) for more.
 import logging
 import queue
 import threading
-from typing import List, NamedTuple
-
-import numpy as np
-
-from tfray._internal.runtime import ray_api
+from tfray._internal.runtime import batch, ray_api
 from tfray._internal.runtime.status import BatchError, Code, EpochError
 
 logger = logging.getLogger("tfray")
@@ -48,6 +44,12 @@ class FeederPool:
         """How many threads the pool has now, running a feeder or idle."""
         with self._lock:
             return self._threads
+
+    @property
+    def idle(self):
+        """How many of its threads wait for a feeder, none promised to them."""
+        with self._lock:
+            return self._idle
 
     def start(self, feeder):
         """Runs ``feeder`` on an idle thread, or a new one."""
@@ -112,38 +114,6 @@ class FeederPool:
             with self._lock:
                 self._live.discard(feeder)
                 self._idle += 1
-
-
-def aligned_copy(array, alignment):
-    """An aligned, C-contiguous copy of ``array`` (for TF, which needs both)."""
-    raw = np.empty(array.nbytes + alignment, dtype=np.uint8)
-    offset = (-raw.ctypes.data) % alignment
-    out = raw[offset : offset + array.nbytes].view(array.dtype).reshape(array.shape)
-    np.copyto(out, array)
-    return out
-
-
-class Entry(NamedTuple):
-    """One batch as ``Channel.push`` takes it (bindings.cc reads these fields in order)."""
-
-    arrays: List[np.ndarray]  # C-contiguous and aligned, in the spec's flat order.
-    token: int  # The pin that keeps the arrays alive while TF uses them (pins.py).
-    bytes_copied: int  # What tfray copied to make the batch, for stats().
-    arrays_copied: int
-
-
-class Copied:
-    """A batch its stream already copied (in part) to make, and how much.
-
-    The copies are counted in the stats like the feeder's own.
-    """
-
-    __slots__ = ("arrays_copied", "bytes_copied", "value")
-
-    def __init__(self, value, bytes_copied, arrays_copied):
-        self.value = value
-        self.bytes_copied = bytes_copied
-        self.arrays_copied = arrays_copied
 
 
 class Feeder:
@@ -320,20 +290,20 @@ class Feeder:
 
     def _entry(self, label, value):
         bytes_copied = arrays_copied = 0
-        if isinstance(value, Copied):
+        if isinstance(value, batch.Copied):
             value, bytes_copied, arrays_copied = value.value, value.bytes_copied, value.arrays_copied
         try:
             arrays = self._spec.check(value)
         except BatchError as e:
             raise BatchError(e.code, f"tfray: {label}: {e.message}") from None
         for i, array in enumerate(arrays):
-            if not array.flags.c_contiguous or array.ctypes.data % self._alignment:
-                arrays[i] = aligned_copy(array, self._alignment)
+            if not batch.fits(array, self._alignment):
+                arrays[i] = batch.aligned_copy(array, self._alignment)
                 bytes_copied += array.nbytes
                 arrays_copied += 1
         # Pin the batch as it came, plus any copies made from it.
         token = self._pins.pin((value, arrays))
-        return Entry(arrays, token, bytes_copied, arrays_copied)
+        return batch.Entry(arrays, token, bytes_copied, arrays_copied)
 
     def _push(self, entries):
         """Pushes entries in order; returns False once the consumer is gone."""

@@ -79,7 +79,7 @@ class SourceEpochs:
             self._offered = feeder
             return True
 
-    def take_offered(self, channel):
+    def offer_taken(self, channel):
         """An iterator took the epoch offered in ``channel``: it counts as begun.
 
         Returns its feeder (None if it was not the offer kept here).
@@ -224,7 +224,7 @@ class Registry(Service):
                 entry.began(Replayed(channel))
         elif request.offered:  # An iterator took the epoch offered to it: its feeder runs.
             if entry is not None:
-                taken = entry.take_offered(channel)
+                taken = entry.offer_taken(channel)
                 if taken is not None and taken.done.is_set():
                     # It ended while on offer, when no next one could be offered.
                     self._epoch_ended(key, entry, taken)

@@ -4,14 +4,14 @@ Refs for up to a look-ahead's ``limit`` of batches wait in a window; each
 call hands back the longest run of resolved refs at the window's head (one
 ``ray.get``, or one ``ray.wait`` and one ``ray.get``, for many batches, so the
 GIL is taken per window, not per batch).
-Over producers' bundles (streams.py), the look-ahead still counts batches:
-a ref stands for as many as the bundles resolved so far held, on average.
+Where a ref holds several batches (a producer's bundle, streams.py), the
+look-ahead still counts batches: a ref stands for as many as those resolved
+so far held, on average.
 """
 
 import collections
 
 from tfray._internal.runtime import ray_api
-from tfray._internal.runtime.streams import Bundle, batches_in
 
 
 class RefResolver:
@@ -29,6 +29,9 @@ class RefResolver:
         self._window = collections.deque()  # (label, ref); feeder thread only.
         self._per_ref = 1.0  # Batches a ref stands for, on average.
         self._all_ready = True  # Try the whole window in one ray.get (_get_window).
+        # Refs that hold several batches say how many, and where a failed one stands.
+        self._batches_held = getattr(refs, "batches_held", None)
+        self._where = getattr(refs, "where", lambda label, earlier: label)
 
     @property
     def in_flight(self):
@@ -50,8 +53,8 @@ class RefResolver:
             if not ready:
                 return []
             items = self._resolve(ready)
-        if isinstance(items[0][0], Bundle):  # A stream's refs are all bundles, or none.
-            batches = sum(batches_in(label, value) for label, value, _ in items)
+        if self._batches_held is not None:
+            batches = sum(self._batches_held(label, value) for label, value, _ in items)
             self._per_ref += 0.5 * (batches / len(items) - self._per_ref)
         return items
 
@@ -100,22 +103,19 @@ class RefResolver:
             ready.append(self._window.popleft())
         return ready
 
-    @staticmethod
-    def _resolve(ready):
+    def _resolve(self, ready):
         refs = [ref for _, ref in ready]
         try:
             return [(label, value, None) for (label, _), value in zip(ready, ray_api.get(refs))]
         except Exception:  # Find out which ones failed, and why.
             out = []
-            ahead = {}  # Shard -> batches of its bundles before this ref, not yet handed on.
+            earlier = []  # (label, value) resolved before the one failing.
             for label, ref in ready:
                 try:
                     value = ray_api.get(ref)
                 except Exception as e:  # noqa: PERF203
-                    where = label.first(ahead.get(label.shard, 0)) if isinstance(label, Bundle) else label
-                    out.append((label, None, ray_api.translate(e, where)))
+                    out.append((label, None, ray_api.translate(e, self._where(label, earlier))))
                     continue
                 out.append((label, value, None))
-                if isinstance(label, Bundle):
-                    ahead[label.shard] = ahead.get(label.shard, 0) + len(value)
+                earlier.append((label, value))
             return out

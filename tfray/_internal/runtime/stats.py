@@ -1,14 +1,17 @@
-"""Per-iterator statistics, read from the native channel and the feeder."""
+"""Per-iterator statistics, read from the native channel and the feeder.
 
-from tfray.stats import IteratorStats
+A plain record (a dict of ``tfray.IteratorStats``' fields): the public face
+makes the public type of it.
+"""
 
 
 def of_feeder(feeder):
+    """The statistics of ``feeder``'s epoch (a feeder, or a replayed epoch), as a dict."""
     s = feeder.channel.stats()
     # Zero-copy is where the bytes are (the store, by address); a copy is
     # anything else. tfray's own copies lie outside the store too.
     copied = s["bytes_delivered"] - s["bytes_in_store"]
-    return IteratorStats(
+    return dict(
         batches=s["batches_delivered"],
         bytes=s["bytes_delivered"],
         bytes_zero_copy=s["bytes_in_store"],

@@ -21,8 +21,7 @@ the stats as copies.
 import numpy as np
 import tensorflow as tf
 
-from tfray._internal.runtime import native
-from tfray._internal.runtime.feeder import aligned_copy
+from tfray._internal.runtime import batch
 from tfray._internal.runtime.status import BatchError, Code
 
 
@@ -41,10 +40,8 @@ class Copies:
         """
         self.bytes += array.nbytes
         self.arrays += 1
-        alignment = native.load().lib.TENSOR_ALIGNMENT
-        if not array.flags.c_contiguous or array.ctypes.data % alignment:
-            array = aligned_copy(array, alignment)
-        return array
+        align = batch.alignment()
+        return array if batch.fits(array, align) else batch.aligned_copy(array, align)
 
 
 def _stacked(name, column):

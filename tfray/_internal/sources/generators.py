@@ -34,8 +34,9 @@ from tfray._internal.runtime import ray_api, spec
 from tfray._internal.runtime.lookahead import START, LookAhead
 from tfray._internal.runtime.resolver import RefResolver
 from tfray._internal.runtime.status import EpochError
-from tfray._internal.runtime.streams import Bundle, Shard, Unbundled, Wrapped
+from tfray._internal.runtime.streams import Wrapped
 from tfray._internal.sources import inflight, producer, resume, stops
+from tfray._internal.sources.bundles import Bundle, BundledRefs, Shard, Unbundled
 from tfray._internal.sources.base import Source, default_budget, positive_int
 
 # By value: by reference, every producer process would import tfray and
@@ -150,7 +151,7 @@ def producer_options(ray_remote_args):
     return options
 
 
-class GeneratorShards:
+class GeneratorShards(BundledRefs):
     """The ref stream of one epoch: every shard's generator, interleaved.
 
     ``deterministic`` (set before the first ``take``): round-robin over the
@@ -159,7 +160,7 @@ class GeneratorShards:
     same cluster; else whichever bundle is ready first.
 
     ``shard_numbers`` label each shard's batches (default 0, 1, ...). Its
-    refs are bundles (streams.py): ``deterministic`` takes turns a bundle at
+    refs are bundles (bundles.py): ``deterministic`` takes turns a bundle at
     a time. ``inflight`` (inflight.py) gives each producer its backpressure
     as it starts, within ``share_bytes`` of the store, and learns from the
     epoch's first bundle.

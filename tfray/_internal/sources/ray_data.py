@@ -19,7 +19,7 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from tfray._internal.runtime.feeder import Copied
+from tfray._internal.runtime.batch import Copied
 from tfray._internal.runtime.lookahead import LookAhead
 from tfray._internal.runtime.resolver import RefResolver
 from tfray._internal.runtime.status import BatchError, Code
@@ -142,7 +142,7 @@ class Layout:
             copied: names of the columns already copied to make ``batch``.
 
         Returns:
-            The element (a ``feeder.Copied`` when anything was copied).
+            The element (a ``batch.Copied`` when anything was copied).
         """
         copies = columns_lib.Copies()
         leaves = []

@@ -1,0 +1,85 @@
+"""Producers' bundles: one Ray object holding several consecutive batches of a shard.
+
+A ``from_generators`` producer puts its batches in the store in bundles
+(see ``producer.py``). A ref to one is labelled with a ``Bundle`` of its
+shard; the resolver hands the bundle on whole, asking its stream how many
+batches it holds and where a failed one stands (``BundledRefs``), and
+``unbundle`` then makes each batch an item of its own.
+"""
+
+from tfray._internal.runtime.streams import Wrapped
+
+
+class Shard:
+    """A producer's shard: its number, and the batches of it handed on so far."""
+
+    __slots__ = ("number", "handed")
+
+    def __init__(self, number):
+        self.number = number
+        self.handed = 0
+
+    def labels(self, n):
+        """The labels of the shard's next ``n`` batches."""
+        first, self.handed = self.handed, self.handed + n
+        return [f"shard {self.number} batch {i}" for i in range(first, first + n)]
+
+
+class Bundle:
+    """The label of a ref to a bundle of ``shard``'s batches (one per ref)."""
+
+    __slots__ = ("shard",)
+
+    def __init__(self, shard):
+        self.shard = shard
+
+    def first(self, after=0):
+        """Its first batch's label, ``after`` more of the shard's batches ahead of it not yet handed on."""
+        return f"shard {self.shard.number} batch {self.shard.handed + after}"
+
+    def __str__(self):
+        return self.first()
+
+
+def batches_in(label, value):
+    """How many batches the resolved ref ``label`` holds (a bundle's, else 1)."""
+    return len(value) if isinstance(label, Bundle) and value is not None else 1
+
+
+class BundledRefs:
+    """What a RefStream of bundles tells the resolver (runtime/streams.py)."""
+
+    @staticmethod
+    def batches_held(label, value):
+        return batches_in(label, value)
+
+    @staticmethod
+    def where(label, earlier):
+        """Where the failed ref ``label`` stands, after the resolved ``(label, value)`` pairs ``earlier``."""
+        if not isinstance(label, Bundle):
+            return label
+        return label.first(sum(batches_in(l, v) for l, v in earlier if isinstance(l, Bundle) and l.shard is label.shard))
+
+
+def unbundle(items):
+    """``items`` with each resolved bundle replaced by an item per batch, in order.
+
+    A bundle that failed stays one item: the error that ends its shard.
+    """
+    out = []
+    for label, value, error in items:
+        if not isinstance(label, Bundle):
+            out.append((label, value, error))
+        elif error is not None:
+            out.append((str(label), None, error))
+        else:
+            out.extend(zip(label.shard.labels(len(value)), value, [None] * len(value)))
+    return out
+
+
+class Unbundled(Wrapped):
+    """An ItemStream (a RefResolver's) whose bundles are handed on a batch at a time."""
+
+    def next_ready(self, timeout):
+        items = self._stream.next_ready(timeout)
+        return items if not items else unbundle(items)
