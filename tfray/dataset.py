@@ -1,7 +1,6 @@
 """``tfray.Dataset``: a tf.data source over batches in Ray's object store."""
 
 import inspect
-import numbers
 import weakref
 
 import ray
@@ -11,10 +10,8 @@ from tensorflow.python.data.ops import dataset_ops
 from tfray._internal import sources
 from tfray._internal.distribute import auto as distribute
 from tfray._internal.runtime import native, runtime, stats
-from tfray._internal.sources import ray_data
+from tfray._internal.sources import generators, ray_data
 from tfray.stats import IteratorStats
-
-_RAY_DATA_CAPACITY = 4
 
 
 def _is_ray_data(source):
@@ -356,8 +353,8 @@ class Dataset(dataset_ops.DatasetSource):
             TypeError: for ``from_ray_data`` (use Ray Data's own splitting,
                 e.g. Ray Train's ``get_dataset_shard``) and one-shot iterators.
         """
-        num_shards = sources.positive_int("num_shards", _as_int("num_shards", num_shards))
-        index = _as_int("index", index)
+        num_shards = sources.positive_int("num_shards", sources.as_int("num_shards", num_shards))
+        index = sources.as_int("index", index)
         if not 0 <= index < num_shards:
             raise ValueError(f"index: expected 0 <= index < {num_shards}, got {index}")
         part = Dataset(self._whole.shard(num_shards, index))
@@ -425,11 +422,13 @@ _COMMON = ("element_spec", "sharding", "input_context")
 
 
 def _make_source(source, element_spec, options):
-    """The source ``Dataset(source, **options)`` reads.
+    """The source ``Dataset(source, **options)`` reads, made by its kind's builder.
 
     Each kind's options, and their defaults, are declared once: by the
-    signature of its public constructor (``Dataset.from_refs`` and the others),
-    which ``options`` are bound to here.
+    signature of its public constructor (``Dataset.from_refs`` and the
+    others), which ``options`` are bound to here, so that ``Dataset(...)``
+    and the constructors take the same options with the same defaults. The
+    builder (``_BUILDERS``) checks their values.
     """
     if isinstance(source, sources.Source):  # From shard(): already made.
         return source
@@ -454,99 +453,9 @@ def _make_source(source, element_spec, options):
     return _BUILDERS[kind](**arguments)
 
 
-def _refs_source(refs, element_spec, max_inflight, max_inflight_bytes):
-    return sources.RefsSource(
-        refs,
-        element_spec=element_spec,
-        max_inflight=max_inflight,
-        max_inflight_bytes=max_inflight_bytes,
-    )
-
-
-def _as_int(name, value):
-    """``value`` as an int: Python and numpy ints, and int scalar tensors."""
-    if isinstance(value, tf.Tensor):
-        value = value.numpy()
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    return int(value)
-
-
-def _generator_source(fn, shards, element_spec, max_inflight_per_producer, deterministic, ray_remote_args):
-    if isinstance(ray_remote_args, dict) and ray_remote_args:  # Refused now, not later.
-        try:
-            ray.remote(**ray_remote_args)(_run_nothing)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"ray_remote_args: {e}") from None
-    return sources.GeneratorSource(
-        fn,
-        shards,
-        element_spec=element_spec,
-        max_inflight_per_producer=max_inflight_per_producer,
-        deterministic=deterministic,
-        ray_remote_args=ray_remote_args,
-    )
-
-
-def _ray_data_source(
-    ray_ds,
-    feature_columns,
-    label_columns,
-    additional_columns,
-    prefetch_batches,
-    batch_size,
-    drop_last,
-    local_shuffle_buffer_size,
-    local_shuffle_seed,
-    feature_type_spec,
-    label_type_spec,
-    additional_type_spec,
-    element_spec,
-):
-    groups = (feature_columns, label_columns, additional_columns)
-    for name, columns in zip(ray_data.GROUPS, groups):
-        names = [columns] if isinstance(columns, str) else columns
-        if columns is not None and not (
-            isinstance(names, (list, tuple)) and names and all(isinstance(c, str) for c in names)
-        ):
-            raise TypeError(
-                f"{name}: expected a column name, a non-empty list of them, or None; got {columns!r}"
-            )
-    type_specs = (feature_type_spec, label_type_spec, additional_type_spec)
-    for name, type_spec in zip(ray_data.TYPE_SPECS, type_specs):
-        leaves = tf.nest.flatten(type_spec)
-        if type_spec is not None and not all(isinstance(t, tf.TypeSpec) for t in leaves):
-            raise TypeError(f"{name}: expected a tf.TypeSpec, a dict of them, or None; got {type_spec!r}")
-    if batch_size is not None:
-        batch_size = sources.positive_int("batch_size", batch_size)
-    if not isinstance(drop_last, bool):
-        raise TypeError(f"drop_last: expected a bool, got {type(drop_last).__name__}")
-    if local_shuffle_buffer_size is not None:
-        sources.positive_int("local_shuffle_buffer_size", local_shuffle_buffer_size)
-    if local_shuffle_seed is not None:
-        _as_int("local_shuffle_seed", local_shuffle_seed)
-    if _as_int("prefetch_batches", prefetch_batches) < 0:
-        raise ValueError(f"prefetch_batches: expected >= 0, got {prefetch_batches}")
-    return sources.RayDataSource(
-        ray_ds,
-        layout=ray_data.layout(ray_ds, groups, type_specs, element_spec),
-        capacity=_RAY_DATA_CAPACITY,
-        iter_batches_args=dict(
-            batch_size=batch_size,
-            drop_last=drop_last,
-            local_shuffle_buffer_size=local_shuffle_buffer_size,
-            local_shuffle_seed=local_shuffle_seed,
-            prefetch_batches=prefetch_batches,
-        ),
-    )
-
-
+# Each kind's builder, in its own module with its argument checks.
 _BUILDERS = {
-    "from_refs": _refs_source,
-    "from_generators": _generator_source,
-    "from_ray_data": _ray_data_source,
+    "from_refs": sources.RefsSource,
+    "from_generators": generators.source,
+    "from_ray_data": ray_data.source,
 }
-
-
-def _run_nothing():
-    """What ``ray_remote_args`` are tried on: ray.remote checks them at once."""

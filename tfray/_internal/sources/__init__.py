@@ -3,6 +3,7 @@
 from tfray._internal.sources.base import (
     UNKNOWN_CARDINALITY,
     Source,
+    as_int,
     ensure_ray,
     positive_int,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "RayDataSource",
     "RefsSource",
     "Source",
+    "as_int",
     "ensure_ray",
     "positive_int",
 ]

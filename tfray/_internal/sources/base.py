@@ -31,6 +31,15 @@ def ensure_ray():
         )
 
 
+def as_int(name, value):
+    """``value`` as an int: Python and numpy ints, and int scalar tensors."""
+    if hasattr(value, "numpy"):  # A tf.Tensor.
+        value = value.numpy()
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    return int(value)
+
+
 def positive_int(name, value):
     """``value`` as an int >= 1 (numpy ints too), or a TypeError / ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

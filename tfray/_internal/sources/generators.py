@@ -506,3 +506,24 @@ class GeneratorSource(Source):
         """
         window = self._window(self._inflight.count(self._share()))
         return LookAhead(budget_bytes=default_budget(), start=min(START, window), cap=window)
+
+
+def source(fn, shards, *, element_spec, max_inflight_per_producer, deterministic, ray_remote_args):
+    """The GeneratorSource of ``Dataset.from_generators``' arguments; bad ``ray_remote_args`` refused now."""
+    if isinstance(ray_remote_args, dict) and ray_remote_args:  # Refused now, not as producers start.
+        try:
+            ray.remote(**ray_remote_args)(_run_nothing)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"ray_remote_args: {e}") from None
+    return GeneratorSource(
+        fn,
+        shards,
+        element_spec=element_spec,
+        max_inflight_per_producer=max_inflight_per_producer,
+        deterministic=deterministic,
+        ray_remote_args=ray_remote_args,
+    )
+
+
+def _run_nothing():
+    """What ``ray_remote_args`` are tried on: ray.remote checks them at once."""

@@ -25,10 +25,12 @@ from tfray._internal.runtime.resolver import RefResolver
 from tfray._internal.runtime.status import BatchError, Code
 from tfray._internal.sources import columns as columns_lib
 from tfray._internal.sources import resume
-from tfray._internal.sources.base import Source
+from tfray._internal.sources.base import Source, as_int, positive_int
 
 GROUPS = ("feature_columns", "label_columns", "additional_columns")
 TYPE_SPECS = ("feature_type_spec", "label_type_spec", "additional_type_spec")
+# Batches each epoch's channel holds.
+CAPACITY = 4
 
 
 def names(columns):
@@ -472,3 +474,58 @@ class RayDataSource(Source):
                 )
             stream = resume.SkippedItems(stream, skip)
         return stream
+
+
+def source(
+    ray_ds,
+    *,
+    feature_columns,
+    label_columns,
+    additional_columns,
+    prefetch_batches,
+    batch_size,
+    drop_last,
+    local_shuffle_buffer_size,
+    local_shuffle_seed,
+    feature_type_spec,
+    label_type_spec,
+    additional_type_spec,
+    element_spec,
+):
+    """The RayDataSource of ``Dataset.from_ray_data``'s arguments, checked as ``to_tf`` checks them."""
+    groups = (feature_columns, label_columns, additional_columns)
+    for name, columns in zip(GROUPS, groups):
+        listed = [columns] if isinstance(columns, str) else columns
+        if columns is not None and not (
+            isinstance(listed, (list, tuple)) and listed and all(isinstance(c, str) for c in listed)
+        ):
+            raise TypeError(
+                f"{name}: expected a column name, a non-empty list of them, or None; got {columns!r}"
+            )
+    type_specs = (feature_type_spec, label_type_spec, additional_type_spec)
+    for name, type_spec in zip(TYPE_SPECS, type_specs):
+        leaves = tf.nest.flatten(type_spec)
+        if type_spec is not None and not all(isinstance(t, tf.TypeSpec) for t in leaves):
+            raise TypeError(f"{name}: expected a tf.TypeSpec, a dict of them, or None; got {type_spec!r}")
+    if batch_size is not None:
+        batch_size = positive_int("batch_size", batch_size)
+    if not isinstance(drop_last, bool):
+        raise TypeError(f"drop_last: expected a bool, got {type(drop_last).__name__}")
+    if local_shuffle_buffer_size is not None:
+        positive_int("local_shuffle_buffer_size", local_shuffle_buffer_size)
+    if local_shuffle_seed is not None:
+        as_int("local_shuffle_seed", local_shuffle_seed)
+    if as_int("prefetch_batches", prefetch_batches) < 0:
+        raise ValueError(f"prefetch_batches: expected >= 0, got {prefetch_batches}")
+    return RayDataSource(
+        ray_ds,
+        layout=layout(ray_ds, groups, type_specs, element_spec),
+        capacity=CAPACITY,
+        iter_batches_args={
+            "batch_size": batch_size,
+            "drop_last": drop_last,
+            "local_shuffle_buffer_size": local_shuffle_buffer_size,
+            "local_shuffle_seed": local_shuffle_seed,
+            "prefetch_batches": prefetch_batches,
+        },
+    )
