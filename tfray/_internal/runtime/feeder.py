@@ -10,6 +10,7 @@ stream (and so Ray) for more.
 import logging
 import queue
 import threading
+
 from tfray._internal.runtime import batch, ray_api
 from tfray._internal.runtime.status import BatchError, Code, EpochError
 

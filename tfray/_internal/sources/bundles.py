@@ -58,7 +58,12 @@ class BundledRefs:
         """Where the failed ref ``label`` stands, after the resolved ``(label, value)`` pairs ``earlier``."""
         if not isinstance(label, Bundle):
             return label
-        return label.first(sum(batches_in(l, v) for l, v in earlier if isinstance(l, Bundle) and l.shard is label.shard))
+        same_shard = (
+            batches_in(other, value)
+            for other, value in earlier
+            if isinstance(other, Bundle) and other.shard is label.shard
+        )
+        return label.first(sum(same_shard))
 
 
 def unbundle(items):

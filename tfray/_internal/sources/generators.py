@@ -36,8 +36,8 @@ from tfray._internal.runtime.resolver import RefResolver
 from tfray._internal.runtime.status import EpochError
 from tfray._internal.runtime.streams import Wrapped
 from tfray._internal.sources import inflight, producer, resume, stops
-from tfray._internal.sources.bundles import Bundle, BundledRefs, Shard, Unbundled
 from tfray._internal.sources.base import Source, default_budget, positive_int
+from tfray._internal.sources.bundles import Bundle, BundledRefs, Shard, Unbundled
 
 # By value: by reference, every producer process would import tfray and
 # TensorFlow (seconds and hundreds of MB each) just to find this function.
