@@ -114,14 +114,15 @@ void Channel::Close() {
 }
 
 Channel::PopResult Channel::Pop(Batch* batch, Code* code,
-                                std::string* message) {
+                                std::string* message, bool wait) {
   Item item;
   {
     std::unique_lock<std::mutex> lock(mu_);
+    auto ready = [this] { return cancelled_ || closed_ || !items_.empty(); };
+    if (!wait && !ready()) return PopResult::kEmpty;
     ++stats_.get_next_calls;
     const auto start = Clock::now();
-    not_empty_.wait(lock,
-                    [this] { return cancelled_ || closed_ || !items_.empty(); });
+    not_empty_.wait(lock, ready);
     stats_.consumer_wait_ns += ElapsedNs(start);
     stats_.active_ns = ElapsedNs(created_);
     if (cancelled_) return PopResult::kCancelled;

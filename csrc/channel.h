@@ -113,7 +113,8 @@ struct ChannelStats {
 class Channel {
  public:
   enum class PushResult { kOk, kCancelled, kTimeout };
-  enum class PopResult { kBatch, kError, kEnd, kCancelled };
+  // kEmpty: nothing to pop yet (Pop without `wait` only).
+  enum class PopResult { kBatch, kError, kEnd, kCancelled, kEmpty };
 
   explicit Channel(size_t capacity);
   ~Channel();
@@ -130,8 +131,12 @@ class Channel {
   // No more items: the consumer sees end of sequence after the queued ones.
   void Close();
 
-  // Consumer side. Blocks until an item, the end, or cancellation.
-  PopResult Pop(Batch* batch, Code* code, std::string* message);
+  // Consumer side. Blocks until an item, the end, or cancellation; without
+  // `wait`, returns kEmpty at once instead of blocking (a GetNext records a
+  // wait only when there is one). The call that returns anything else is
+  // the one counted in `get_next_calls`.
+  PopResult Pop(Batch* batch, Code* code, std::string* message,
+                bool wait = true);
   // Wakes both sides and drops queued batches (releasing their tokens).
   void Cancel();
 

@@ -168,12 +168,14 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
         channel = channel_;
       }
       // The wait holds no lock, so a checkpoint's Save need not wait for
-      // the next batch; and it is not work, for tf.data's autotune model.
+      // the next batch; and it is not work, for tf.data's autotune model,
+      // which hears of it (as its trace does) only when there is one.
       Batch batch;
       Code code = Code::kOk;
       std::string message;
-      Channel::PopResult result;
-      {
+      Channel::PopResult result =
+          channel->Pop(&batch, &code, &message, /*wait=*/false);
+      if (result == Channel::PopResult::kEmpty) {
         tsl::profiler::TraceMe trace("TfrayWaitForBatch");
         RecordStop(ctx);
         result = channel->Pop(&batch, &code, &message);
@@ -191,6 +193,7 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
           ++position_;  // An error takes its batch's place in the epoch.
           return ToStatus(code, message);
         case Channel::PopResult::kBatch:
+        case Channel::PopResult::kEmpty:  // Not after a waiting Pop.
           break;
       }
       // Counted once handed out: a Save during the wait saves the position

@@ -163,6 +163,29 @@ void TestFifoAndCloseDrains() {
 
 // Guards that Close wakes a consumer already blocked on an empty channel,
 // which would otherwise wait forever for an item that never comes.
+// Pop without `wait` never blocks: kEmpty on an empty open channel, not
+// counted as a GetNext; the item, the end or the cancellation otherwise.
+void TestPopWithoutWaiting() {
+  Channel ch(2);
+  Batch batch;
+  Code code = Code::kOk;
+  std::string message;
+  CHECK(ch.Pop(&batch, &code, &message, /*wait=*/false) ==
+        Channel::PopResult::kEmpty);
+  CHECK(ch.Stats().get_next_calls == 0);
+  CHECK(ch.Push(MakeBatch(201, {8}), 0) == Channel::PushResult::kOk);
+  CHECK(ch.Pop(&batch, &code, &message, /*wait=*/false) ==
+        Channel::PopResult::kBatch);
+  CHECK(ch.Stats().get_next_calls == 1 && ch.Stats().batches_delivered == 1);
+  ch.Close();
+  CHECK(ch.Pop(&batch, &code, &message, /*wait=*/false) ==
+        Channel::PopResult::kEnd);
+  Channel cancelled(1);
+  cancelled.Cancel();
+  CHECK(cancelled.Pop(&batch, &code, &message, /*wait=*/false) ==
+        Channel::PopResult::kCancelled);
+}
+
 void TestCloseWakesBlockedConsumer() {
   Channel ch(1);
   CHECK(PopWhileBlocked(ch, [&] { ch.Close(); }) == Channel::PopResult::kEnd);
@@ -449,6 +472,21 @@ void TestSourceRegistry() {
   CHECK(requests.size() == 1);
   CHECK(requests[0].key == kKeyB && requests[0].channel == ch2);
 
+  // A feeder's notice that its epoch ended wakes the dispatcher too.
+  std::thread feeder([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    registry.PostEnded(kKeyA, ch1);
+  });
+  start = Clock::now();
+  requests = registry.WaitRequests(kWakeDeadlineS);
+  CHECK(SecondsSince(start) < kWakeDeadlineS);
+  feeder.join();
+  CHECK(requests.size() == 1);
+  CHECK(requests[0].ended && requests[0].key == kKeyA &&
+        requests[0].channel == ch1);
+  CHECK(!requests[0].offered && !requests[0].replayed);
+  requests.clear();
+
   registry.Unregister(kKeyA);
   CHECK(!registry.Lookup(kKeyA, &info));
   CHECK(!registry.RequestEpoch({kKeyA, ch1}));
@@ -599,6 +637,7 @@ int main() {
   };
   const TestCase kTests[] = {
       {"FifoAndCloseDrains", tfray::TestFifoAndCloseDrains},
+      {"PopWithoutWaiting", tfray::TestPopWithoutWaiting},
       {"OfferedEpochs", tfray::TestOfferedEpochs},
       {"Replays", tfray::TestReplays},
       {"CloseWakesBlockedConsumer", tfray::TestCloseWakesBlockedConsumer},
