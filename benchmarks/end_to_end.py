@@ -443,7 +443,7 @@ def summary(rows_):
     names = list(dict.fromkeys(r["pipeline"] for r in rows_))
     header = ["pipeline", "P"]
     header += [f"{CONSUMER_LABELS[c]}, images/s" for c in consumers]
-    header += ["1 -> 2, input only"]
+    header += ["1 -> 2, input only"] if "input" in consumers else []
     header += [
         f"trainer CPU ms/image, {CONSUMER_LABELS[c]}" for c in ("input", "keras") if c in consumers
     ]
@@ -455,9 +455,9 @@ def summary(rows_):
             r = by.get((c, name))
             ratio = "" if r is None or r["x_tf_data"] is None else f" ({r['x_tf_data']:.2f}x)"
             cells.append("" if r is None else f"{r['images_per_s']:.0f}{ratio}")
-        cells.append(
-            report._fmt_ratio(by[("input", name)]["x_one"]) if ("input", name) in by else ""
-        )
+        if "input" in consumers:
+            r = by.get(("input", name))
+            cells.append("" if r is None else report._fmt_ratio(r["x_one"]))
         for c in ("input", "keras"):
             if c in consumers:
                 r = by.get((c, name))
@@ -510,10 +510,12 @@ def chart(data, path):
         ]
     )
     left.invert_yaxis()
-    m = data["machine"]
+    m, settings = data["machine"], data["settings"]
     left.set_title(
-        f"JPEG files to a trainer, batches of {BATCH} x {CROP}x{CROP} float32\n"
-        f"{m['cores']} cores, {m['cpu']}; TF {m['tensorflow']}, Ray {m['ray']}",
+        f"JPEG files to a trainer, batches of {BATCH} x {CROP}x{CROP} float32, "
+        f"median of {settings['rounds']} rounds\n{m['cores']} cores, {m['cpu']}; "
+        f"TF {m['tensorflow']}, Ray {m['ray']}; load average "
+        f"{settings['load_avg_at_start'][0]:.0f} at start (a shared machine)",
         fontsize=10,
     )
     right.legend(fontsize=8, loc="lower right")
