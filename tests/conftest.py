@@ -79,6 +79,11 @@ def assert_feeders_idle(timeout=FEEDERS_IDLE_S):
     A feeder still running once its test's iterators are gone is a leak: an
     epoch nothing reads, holding its thread, its pins and its producers.
     """
+    # pytest keeps a failed test's traceback for a post-mortem, and with it
+    # the test's frames and the iterators in them: not a leak of tfray's.
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            setattr(sys, name, None)
     gc.collect()  # Drops the iterators the test left, cancelling their epochs.
     rt = _runtime_if_started()
     if rt is None:
