@@ -54,6 +54,12 @@ class ReleaseToken {
   uint64_t id_;
 };
 
+// Whether memory at `data` may back a tensor as it is: TensorFlow's kernels
+// assume tensors aligned to `alignment` bytes (TFRAY_TENSOR_ALIGNMENT).
+inline bool IsAligned(const void* data, size_t alignment) {
+  return reinterpret_cast<uintptr_t>(data) % alignment == 0;
+}
+
 // One tensor's worth of memory, described but not owned.
 struct ArrayRef {
   const void* data = nullptr;

@@ -285,7 +285,7 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
           out->emplace_back(dtype, shape);
           continue;
         }
-        if (reinterpret_cast<uintptr_t>(a.data) % TFRAY_TENSOR_ALIGNMENT) {
+        if (!IsAligned(a.data, TFRAY_TENSOR_ALIGNMENT)) {
           return absl::InternalError(absl::StrCat(
               "tfray: component ", i, " is not aligned to ",
               TFRAY_TENSOR_ALIGNMENT, " bytes"));

@@ -115,7 +115,7 @@ bool SpecTemplate::Walk(py::handle value, const Node& node,
       }
     }
     if (!(array.flags() & py::array::c_style)) return false;
-    if (reinterpret_cast<uintptr_t>(array.data()) % alignment_) return false;
+    if (!IsAligned(array.data(), alignment_)) return false;
     (*arrays)[node.leaf] = std::move(array);
     return true;
   }
