@@ -60,7 +60,7 @@ the work tf.data does in the trainer is. Every sample is bounded in time: a
 sample that takes over ``--timeout`` seconds ends the run with every
 thread's traceback.
 
-Run: ``make bench-images`` (about 15 minutes on 2 cores) or ``python
+Run: ``make bench-images`` (12 to 15 minutes on 2 cores) or ``python
 benchmarks/end_to_end.py [--quick]`` (``--quick``: one round of 1 s samples
 of the ``@2`` pipelines, the baseline and the model alone, 2 to 3 minutes;
 the first run adds about half a minute to make the files). A full run writes ``benchmarks/images.png`` (committed) and
@@ -82,10 +82,10 @@ import os
 import threading
 import time
 
-import images
-
 # Run as a script, this folder is first on the path, for images, run and
 # report; the pool's spawned processes inherit that path.
+import images
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -310,9 +310,9 @@ def image_and_label(batch):
 def keras_trainer():
     """A function that runs ``n`` train steps of a small Keras model on batches of an iterator.
 
-    Three strided convolutions and a classifier: a few GFLOP a batch, so that
-    the model takes a good share of the two cores without hiding the input
-    pipelines' differences. One graph ``while`` loop per call, no Python per
+    Three strided convolutions and a classifier: about 8 GFLOP a batch,
+    forward and backward, so that the model takes a good share of the two
+    cores without hiding the input pipelines' differences. One graph ``while`` loop per call, no Python per
     batch.
     """
     import tensorflow as tf
@@ -620,10 +620,9 @@ def main(argv=None):
     args = parse_args(argv)
     import numpy as np
     import ray
-    from ray import cloudpickle
-
     import report
     import run
+    from ray import cloudpickle
 
     def log(message):
         print(message, flush=True)
