@@ -78,7 +78,7 @@ def profile(frame, event, arg):
             counts["windows"] += 1
         elif name == "next_ready" and filename.endswith("resolver.py"):
             counts["rounds"] += 1
-        elif name == "labels" and filename.endswith("streams.py"):
+        elif name == "labels" and filename.endswith("bundles.py"):
             counts["bundles"] += 1
     elif filename.startswith(RAY):
         in_poll = _in_poll(frame.f_back)
