@@ -162,6 +162,10 @@ PYBIND11_MODULE(_native, m) {
           "one call (window.h); returns (taken, pushed, bytes). "
           "`recording`, if given, keeps the batches taken.")
       .def_property_readonly("cancelled", &Channel::cancelled)
+      .def_property_readonly(
+          "consumer_wait_s",
+          [](Channel& self) { return self.Stats().consumer_wait_ns * 1e-9; },
+          "stats()['consumer_wait_s'] alone: the feeder reads it every turn.")
       .def_property_readonly("items_taken", &Channel::items_taken,
                              "Batches and errors TF has taken, in push order.")
       .def_property_readonly("claimed", &Channel::claimed,

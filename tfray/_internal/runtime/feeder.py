@@ -242,7 +242,7 @@ class Feeder:
             if items and not self._deliver(items, lookahead):
                 return False
             if lookahead is not None:
-                limit = lookahead.update(self._channel.stats()["consumer_wait_s"])
+                limit = lookahead.update(self._channel.consumer_wait_s)
                 if limit != self.lookahead:
                     self._channel.capacity = self.lookahead = limit
         return False

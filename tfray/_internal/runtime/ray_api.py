@@ -120,12 +120,14 @@ def session():
         return context.get_node_id(), context.get_job_id()
 
 
-def poll(refs, timeout):
+def poll(refs, timeout, *, fetch_local=True):
     """Those of ``refs`` (ObjectRefs or streaming generators) ready within ``timeout`` s.
 
     [] if none was; None: no limit. Each poll is a ``wait`` with no wait
     (so a shutdown never waits on one), and raises the shutdown error once
-    Ray is down; the polls back off from 0.5 ms to 10 ms.
+    Ray is down; the polls back off from 0.5 ms to 10 ms. ``fetch_local``
+    as ``ray.wait``'s: with it, every poll of an object that exists asks
+    the raylet (an IPC round trip) whether it is local.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = _FIRST_PAUSE_S
@@ -133,7 +135,7 @@ def poll(refs, timeout):
         with _LOCK:  # entered(), spelled out (see get).
             if not ray.is_initialized():
                 raise shutdown_error()
-            ready, _ = _wait(refs, num_returns=len(refs), timeout=0)
+            ready, _ = _wait(refs, num_returns=len(refs), timeout=0, fetch_local=fetch_local)
         left = None if deadline is None else deadline - time.monotonic()
         if ready or (left is not None and left <= 0):
             return ready

@@ -258,7 +258,7 @@ class GeneratorShards(BundledRefs):
         deadline = time.monotonic() + _DRAIN_S
         while running and time.monotonic() < deadline:
             # Polls (see _next_ready): no Ray call may wait.
-            ready, _ = ray_api.wait(running, num_returns=len(running), timeout=0)
+            ready, _ = ray_api.wait(running, num_returns=len(running), timeout=0, fetch_local=False)
             if not ready:
                 time.sleep(_DRAIN_PAUSE_S)
             for generator in ready:
@@ -296,12 +296,16 @@ class GeneratorShards(BundledRefs):
 
         None if none is within ``timeout``. Polls (ray_api.poll): latency
         only, as producers run ahead meanwhile, up to their backpressure.
+        A generator is ready once its producer reported its next object, as
+        for Ray's own ``next``: asking whether that object is local too
+        would cost every poll a round trip to the raylet (the resolver's
+        get fetches it).
         """
         if self.deterministic:
-            ready = ray_api.poll([self._running[self._turn][1]], timeout)
+            ready = ray_api.poll([self._running[self._turn][1]], timeout, fetch_local=False)
             return self._turn if ready else None
         generators = [g for _, g in self._running]
-        ready = ray_api.poll(generators, timeout)
+        ready = ray_api.poll(generators, timeout, fetch_local=False)
         return generators.index(ready[0]) if ready else None
 
 
