@@ -40,7 +40,7 @@ test-all: build
 # channel on its own, without TensorFlow, so no tfray build is needed.
 ASAN_OPTIONS ?= detect_leaks=1:halt_on_error=1:detect_stack_use_after_return=1:strict_init_order=1:check_initialization_order=1
 test-asan: deps
-	ASAN_OPTIONS=$(ASAN_OPTIONS) $(PY) -m pytest tests/test_channel_native.py $(PYTEST_ARGS)
+	ASAN_OPTIONS=$(ASAN_OPTIONS) $(PY) -m pytest tests/native/test_channel_native.py $(PYTEST_ARGS)
 
 # The oldest supported stack (TensorFlow 2.16, Ray 2.59, numpy 1.x), pinned in
 # constraints-oldest.txt, in its own virtualenv. tfray is installed the way a
@@ -51,9 +51,10 @@ test-asan: deps
 COMPAT_VENV ?= .venv-compat
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_PIP := $(COMPAT_PY) -m pip install --quiet -c constraints-oldest.txt
-COMPAT_TESTS ?= tests/test_build.py tests/test_from_refs.py tests/test_zero_copy.py \
-	tests/test_errors.py tests/test_checkpoint.py tests/test_keras.py \
-	tests/test_generators.py tests/test_ray_data.py
+COMPAT_TESTS ?= tests/install/test_build.py \
+	tests/sources/test_from_refs.py tests/sources/test_generators.py tests/sources/test_ray_data.py \
+	tests/end_to_end/test_zero_copy.py tests/end_to_end/test_errors.py \
+	tests/end_to_end/test_checkpoint.py tests/end_to_end/test_keras.py
 
 $(COMPAT_PY):
 	$(PYTHON) -m venv $(COMPAT_VENV)
@@ -70,22 +71,23 @@ test-compat: $(COMPAT_VENV)/.deps
 	rm -rf $(COMPAT_VENV)/wheel
 	$(COMPAT_PY) -m pip wheel --quiet --no-build-isolation --no-deps -w $(COMPAT_VENV)/wheel .
 	$(COMPAT_PIP) --force-reinstall --no-deps $(COMPAT_VENV)/wheel/tfray-*.whl
-	$(COMPAT_PY) -m pytest tests/test_build.py $(PYTEST_ARGS)
+	$(COMPAT_PY) -m pytest tests/install/test_build.py $(PYTEST_ARGS)
 
 # The native kernel and bindings built with ASan and UBSan (apart from the
 # checks TensorFlow's headers cannot compile with; see setup.py) into
 # $(SANITIZED), over a short test set. Python is not built with ASan, so the
-# runtimes are preloaded into the test process only (tests/sanitized.py);
+# runtimes are preloaded into the test process only (tests/support/sanitized.py);
 # leak checking is off (Python and TensorFlow keep memory until exit by
 # design), and any other report fails the run. --capture=sys: a report is
 # written to file descriptor 2, which pytest's default capture would swallow.
 SANITIZED ?= build/sanitized
-SANITIZED_TESTS ?= tests/test_zero_copy.py tests/test_from_refs.py tests/test_store_safety.py tests/test_errors.py tests/test_gil_free.py
+SANITIZED_TESTS ?= tests/sources/test_from_refs.py tests/end_to_end/test_zero_copy.py \
+	tests/end_to_end/test_store_safety.py tests/end_to_end/test_errors.py tests/end_to_end/test_gil_free.py
 test-sanitized: build
 	TFRAY_SANITIZE=1 $(PY) setup.py -q build --build-base $(SANITIZED)
 	LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	$(PY) tests/sanitized.py $$(ls -d $(SANITIZED)/lib.*) --capture=sys -m "not slow" $(SANITIZED_TESTS) $(PYTEST_ARGS)
+	$(PY) tests/support/sanitized.py $$(ls -d $(SANITIZED)/lib.*) --capture=sys -m "not slow" $(SANITIZED_TESTS) $(PYTEST_ARGS)
 
 # Each deliberate breakage in tests/mutants/ (a copy forced in the feeder, the
 # GIL taken in GetNext, a leaked pin, a fetched-then-dropped ref, ...) built

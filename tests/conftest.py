@@ -120,7 +120,7 @@ def assert_no_stray_threads(timeout=10.0):
 
     The runtime keeps its dispatcher, release and heartbeat threads for the
     life of the process, and its feeder pool keeps threads it counts (idle
-    ones end after a while, tests/test_feeder_pool.py). Any other tfray
+    ones end after a while, tests/runtime/test_feeder_pool.py). Any other tfray
     thread (a second runtime's, a pool a test started and never stopped, a
     feeder thread the pool lost count of) is a leak. A thread that is ending
     has ``timeout`` s to go.

@@ -41,7 +41,7 @@ def nbytes(batch):
 
 
 def largest_bundle(batch_bytes):
-    """The bytes of the largest bundle that batches of ``batch_bytes`` make (see _bundles)."""
+    """The bytes of the largest bundle that batches of ``batch_bytes`` make (see bundles)."""
     if batch_bytes > BUNDLE_BYTES // 2:
         return batch_bytes
     return min(BUNDLE_BATCHES, BUNDLE_BYTES // max(1, batch_bytes)) * batch_bytes
@@ -76,7 +76,7 @@ class _StopCheck:
             return False
 
 
-def _bundles(batches, stop):
+def bundles(batches, stop):
     """The bundles of ``batches`` (see above), until they end or ``stop`` is requested."""
     bundle, held, most = [], 0, 1
     while True:
@@ -125,7 +125,7 @@ def run_shard(fn, shard, board, token):
             f"returned a {type(batches).__name__}."
         )
     try:
-        yield from _bundles(batches, _StopCheck(board, token))
+        yield from bundles(batches, _StopCheck(board, token))
     finally:
         close = getattr(batches, "close", None)
         if close is not None:  # Runs the generator's own finally blocks now.

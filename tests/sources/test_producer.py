@@ -1,0 +1,124 @@
+"""A from_generators producer's bundles and its backpressure count, without Ray."""
+
+
+import numpy as np
+import pytest
+
+from tfray._internal.sources import inflight, producer
+
+pytestmark = pytest.mark.timeout(30)
+
+MB = 1 << 20
+
+
+# A producer's bundles.
+
+
+class NeverStopped:
+    def __init__(self, after=None):
+        self.asked = 0
+        self._after = after
+
+    def requested(self, paused=False):
+        self.asked += 1
+        return self._after is not None and self.asked >= self._after
+
+
+def sizes(bundles):
+    return [len(bundle) for bundle in bundles]
+
+
+def test_bundles_double_from_one_up_to_their_batch_bound():
+    """The first batch goes alone, so an epoch starts at once; then 2, 4, ... up to 256."""
+    small = np.zeros(4, np.float32)
+    got = list(producer.bundles(iter([small] * 1000), NeverStopped()))
+    assert sizes(got) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 256, 233]
+    assert all(np.array_equal(batch, small) for bundle in got for batch in bundle)
+
+
+def test_a_bundle_never_passes_its_byte_bound_but_a_bigger_batch_goes_alone():
+    quarter = np.zeros(producer.BUNDLE_BYTES // 4, np.uint8)
+    big = np.zeros(producer.BUNDLE_BYTES + 1, np.uint8)
+    three_quarters = {"x": quarter, "y": (quarter, quarter)}
+    batches = [quarter] * 3 + [three_quarters] * 2 + [quarter] * 4 + [big, quarter]
+    got = list(producer.bundles(iter(batches), NeverStopped()))
+    # 1, 2, then the byte bound closes them: three quarters alone (three
+    # more would pass it), twice; four quarters; big alone.
+    assert sizes(got) == [1, 2, 1, 1, 4, 1, 1]
+    assert [sum(producer.nbytes(b) for b in bundle) for bundle in got] == [
+        q * producer.BUNDLE_BYTES // 4 for q in (1, 2, 3, 3, 4)
+    ] + [big.nbytes, producer.BUNDLE_BYTES // 4]
+
+
+def test_a_batch_over_half_the_byte_bound_goes_at_once_uncopied():
+    """It is not held (and copied) until the next batch shows it would not fit beside it."""
+    batches = [np.zeros(producer.BUNDLE_BYTES * 6 // 10, np.uint8) for _ in range(5)]
+    got = list(producer.bundles(iter(batches), NeverStopped()))
+    assert sizes(got) == [1, 1, 1, 1, 1]
+    assert all(bundle[0] is batch for bundle, batch in zip(got, batches))
+
+
+def test_a_generator_error_comes_after_the_batches_made_before_it():
+    def gen():
+        for i in range(5):
+            yield i
+        raise KeyError("no such record")
+
+    bundles = producer.bundles(gen(), NeverStopped())
+    assert [next(bundles), next(bundles), next(bundles)] == [[0], [1, 2], [3, 4]]
+    with pytest.raises(KeyError, match="no such record"):
+        next(bundles)
+
+
+@pytest.mark.parametrize("batch_bytes", [1, 1000, 16 << 10, 1 << 20, 3 << 19, 2 << 20, (2 << 20) + 1, 12 << 20])
+def test_largest_bundle_is_the_largest_that_bundling_makes(batch_bytes):
+    batches = [np.zeros(batch_bytes, np.uint8)] * 600
+    made = max(producer.nbytes(bundle) for bundle in producer.bundles(iter(batches), NeverStopped()))
+    assert producer.largest_bundle(batch_bytes) == made
+
+
+def test_inflight_as_set_or_by_the_bytes_of_the_batches_an_epoch_read():
+    """A count the user sets stands; by default, objects in 256 MB per producer and its share of the store."""
+    assert inflight.share(512 * MB, 2) == 256 * MB
+    assert inflight.share(None, 2) is None
+    assert inflight.Inflight(5).count(256 * MB) == 5
+    learned = inflight.Inflight()
+    assert learned.count(256 * MB) == 2  # Nothing read yet.
+    learned.learn([np.zeros(12 * MB, np.uint8)])
+    assert learned.count(256 * MB) == 16  # 256 MB // 12 MB = 21, at most 16.
+    assert learned.count(None) == 16
+    assert learned.count(64 * MB) == 5
+    assert learned.count(20 * MB) == 2  # Never fewer than 2.
+    big = inflight.Inflight()
+    big.learn([{"x": np.zeros(38 * MB, np.uint8), "y": np.zeros(256, np.int32)}])
+    assert big.count(256 * MB) == 6
+    assert big.count(1 << 40) == 6  # 256 MB at most, however big the store.
+    small = inflight.Inflight()
+    small.learn([np.zeros(16 << 10, np.uint8)] * 3)  # Bundles of 256 batches, 4 MB.
+    assert small.count(256 * MB) == 16
+    assert small.count(18 * MB) == 4
+    small.learn([np.zeros(1 << 10, np.uint8)])  # Smaller batches later: the larger size stands.
+    assert small.count(18 * MB) == 4
+
+
+def test_a_stop_is_asked_after_every_batch_not_every_bundle():
+    """A producer of slow batches stops at its next batch, not at the end of a bundle."""
+    stop = NeverStopped(after=5)
+    got = list(producer.bundles(iter(range(100)), stop))
+    assert stop.asked == 5
+    assert sizes(got) == [1, 2]  # The batches of the bundle it was filling are dropped.
+
+
+def test_a_batch_waiting_in_a_bundle_is_kept_as_it_was_yielded():
+    """A generator that refills one array for every batch: each bundled batch keeps its values."""
+
+    def refilling():
+        buffer = {"x": np.zeros(3, np.int64)}
+        for i in range(7):
+            buffer["x"][:] = i
+            yield buffer
+
+    # Read as each bundle is yielded, as Ray's put of it reads it.
+    bundles = producer.bundles(refilling(), NeverStopped())
+    got = [[int(batch["x"][0]) for batch in bundle] for bundle in bundles]
+    assert got == [[0], [1, 2], [3, 4, 5, 6]]
