@@ -151,14 +151,13 @@ PYBIND11_MODULE(_native, m) {
       .def("cancel", &Channel::Cancel)
       .def(
           "push_window",
-          [](Channel& self, const py::list& values, size_t start,
+          [](Channel& self, const py::list& values,
              const tfray::SpecTemplate& spec, tfray::Recording* recording) {
-            auto r = tfray::PushWindow(self, values, start, spec, recording);
+            auto r = tfray::PushWindow(self, values, spec, recording);
             return py::make_tuple(r.taken, r.pushed, r.bytes);
           },
-          py::arg("values"), py::arg("start"), py::arg("spec"),
-          py::arg("recording") = nullptr,
-          "Pushes values[start:] while they match `spec` as they are, in "
+          py::arg("values"), py::arg("spec"), py::arg("recording") = nullptr,
+          "Pushes values[0], values[1], ... while they match `spec` as they are, in "
           "one call (window.h); returns (taken, pushed, bytes). "
           "`recording`, if given, keeps the batches taken.")
       .def_property_readonly("cancelled", &Channel::cancelled)

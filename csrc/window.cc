@@ -170,13 +170,12 @@ Batch MakeBatch(const std::vector<py::array>& arrays,
 }
 
 WindowResult PushWindow(Channel& channel, const py::list& values,
-                        size_t start, const SpecTemplate& spec,
-                        Recording* recording) {
+                        const SpecTemplate& spec, Recording* recording) {
   WindowResult result;
   std::vector<Batch> batches;
   std::vector<py::array> arrays;
   StoreLookup store;
-  for (size_t i = start; i < values.size(); ++i) {
+  for (size_t i = 0; i < values.size(); ++i) {
     py::handle value = PyList_GET_ITEM(values.ptr(), i);
     if (!spec.Match(value, &arrays)) break;
     batches.push_back(MakeBatch(arrays, spec.tf_dtypes(),

@@ -91,7 +91,7 @@ Batch MakeBatch(const std::vector<pybind11::array>& arrays,
                 const std::vector<int>& tf_dtypes, uint64_t id,
                 StoreLookup* store);
 
-// How far PushWindow got: `taken` values made into batches (from `start`),
+// How far PushWindow got: `taken` values made into batches (from the first),
 // of which `pushed` went into the channel (fewer only if it was cancelled),
 // `bytes` in all.
 struct WindowResult {
@@ -100,12 +100,11 @@ struct WindowResult {
   int64_t bytes = 0;
 };
 
-// Under the GIL (released while waiting for room): takes values[start],
-// values[start + 1], ... while they match `spec` as they are, and pushes
+// Under the GIL (released while waiting for room): takes values[0],
+// values[1], ... while they match `spec` as they are, and pushes
 // them in order; `recording` (if given) keeps each batch taken.
 WindowResult PushWindow(Channel& channel, const pybind11::list& values,
-                        size_t start, const SpecTemplate& spec,
-                        Recording* recording = nullptr);
+                        const SpecTemplate& spec, Recording* recording = nullptr);
 
 }  // namespace tfray
 

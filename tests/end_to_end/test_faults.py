@@ -22,6 +22,7 @@ from support.dlpack_util import assert_zero_copy  # noqa: E402
 
 import tfray  # noqa: E402
 from tfray._internal.runtime import native, runtime  # noqa: E402
+from tfray._internal.runtime.batch import Checks  # noqa: E402
 from tfray._internal.runtime.feeder import Feeder  # noqa: E402
 from tfray._internal.runtime.pins import Pins  # noqa: E402
 from tfray._internal.runtime.spec import FlatSpec  # noqa: E402
@@ -292,9 +293,8 @@ def test_an_error_in_a_resolved_window_is_reported_once_in_its_place(error, push
     stream = _Stream([[("batch 0", batch, None), ("batch 1", None, error), ("batch 2", batch, None)]])
     channel = _RecordingChannel()
     own_pins = Pins(native.load().lib)  # Not the runtime's: nothing here is released by TF.
-    feeder = Feeder(
-        stream, FlatSpec(tf.TensorSpec([None], tf.float32)), channel, pins=own_pins, alignment=64
-    )
+    checks = Checks(FlatSpec(tf.TensorSpec([None], tf.float32)), native=None, alignment=64)
+    feeder = Feeder(stream, channel, checks, pins=own_pins)
     feeder.run()
     assert channel.errors == [(int(error.code), error.message)]
     assert len(channel.pushed) == pushes  # An epoch error drops what follows it.

@@ -7,7 +7,7 @@ memory that is (and the copy is counted). Every source and the feeder ask
 window push (csrc/window.cc).
 """
 
-from typing import List, NamedTuple
+from typing import Any, List, NamedTuple, Optional
 
 import numpy as np
 
@@ -54,3 +54,13 @@ class Copied:
         self.value = value
         self.bytes_copied = bytes_copied
         self.arrays_copied = arrays_copied
+
+
+class Checks(NamedTuple):
+    """How a feeder checks its source's batches before they go to TensorFlow."""
+
+    flat_spec: Any  # The source's FlatSpec (spec.py): the checks in Python, with messages.
+    # ``flat_spec.native(...)``: a window's batches checked and pushed in one
+    # native call (window.h); None: every batch in Python.
+    native: Optional[Any]
+    alignment: int  # What ``fits`` asks of each array.

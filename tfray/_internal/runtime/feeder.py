@@ -117,53 +117,57 @@ class FeederPool:
                 self._idle += 1
 
 
+class Recorder:
+    """Keeps an epoch's batches as the window push pushes them, to replay the epoch.
+
+    Args:
+        recording: the native Recording the window push adds each batch to.
+        within: ``(batches, bytes)`` the recording may reach (bytes None: no
+            byte bound); past either it is given up, as it is at a batch
+            the window push did not take as it came.
+    """
+
+    def __init__(self, recording, within):
+        self.recording = recording  # None once given up.
+        self._batches, self._bytes = within
+
+    def keep_if(self, every_batch_native):
+        """Gives the recording up unless every batch so far was pushed natively, within its bounds."""
+        r = self.recording
+        if r is not None and (
+            not every_batch_native
+            or r.size > self._batches
+            or (self._bytes is not None and r.bytes > self._bytes)
+        ):
+            self.recording = None
+
+
 class Feeder:
     """Feeds one epoch from ``stream`` into ``channel``, on a FeederPool thread.
 
     Args:
         stream: the epoch's ItemStream (streams.py).
-        flat_spec: the source's FlatSpec.
         channel: the native channel of the TF iterator this epoch serves.
+        checks: a batch.Checks, how batches are checked against the spec.
         pins: the runtime's Pins, which keep each batch alive while TF uses it.
-        alignment: the byte alignment TF tensors need.
-        native_spec: ``flat_spec.native(...)``, to push windows of batches in
-            one native call; None: one by one, in Python.
-        recording: a native Recording that keeps the epoch's batches as
-            they are pushed, to replay them (``recording`` below); None.
-        record_within: ``(batches, bytes)`` the recording may reach (bytes
-            None: no byte bound); past either it is dropped.
+        recorder: a Recorder that keeps the epoch's batches to replay them
+            (``recording`` below), or None. Only the native window push records.
         on_end: called with the feeder (on its thread) once every batch of
             the epoch is in the channel, unless the epoch was cancelled; it
             must return promptly (the registry posts a notice).
         name: the dataset this epoch is of, for messages.
     """
 
-    def __init__(
-        self,
-        stream,
-        flat_spec,
-        channel,
-        *,
-        pins,
-        alignment,
-        native_spec=None,
-        recording=None,
-        record_within=(0, None),
-        on_end=None,
-        name="tfray.Dataset",
-    ):
+    def __init__(self, stream, channel, checks, *, pins, recorder=None, on_end=None, name="tfray.Dataset"):
         self._pins = pins
         self.done = threading.Event()
         self._name = name
         self._on_end = on_end
         self._stream = stream
-        self._spec = flat_spec
-        self._native_spec = native_spec
-        self._recording = recording if native_spec is not None else None
-        self._record_within = record_within
+        self._checks = checks
+        self._recorder = recorder if checks.native is not None else None
         self._whole = False  # Every batch of the epoch is in the channel.
         self._channel = channel
-        self._alignment = alignment
         self.refs_in_flight = 0  # Read by stats(); an int store is atomic.
         self.lookahead = channel.capacity  # Likewise.
 
@@ -178,11 +182,12 @@ class Feeder:
         None otherwise: an epoch with an error, a copy, a batch the Python
         path handled, or one cut short is not replayed.
         """
-        return self._recording if self._whole else None
+        return self._recorder.recording if self._whole and self._recorder is not None else None
 
     def take_recording(self):
         """``recording``, handed over once: the feeder keeps it no longer (nor its pins)."""
-        recording, self._recording = self.recording, None
+        recording = self.recording
+        self._recorder = None
         return recording
 
     def run(self):
@@ -196,7 +201,7 @@ class Feeder:
                     logger.exception("tfray: the end-of-epoch hook failed")
         finally:
             if not told:  # Told, it keeps the recording for take_recording.
-                self._recording = None
+                self._recorder = None
             self.done.set()
 
     def _run(self):
@@ -256,16 +261,17 @@ class Feeder:
         handled one by one here, with the messages that say what is wrong.
         ``lookahead``, when it adapts, learns the size of the batches.
         """
-        if self._native_spec is not None:
+        if self._checks.native is not None:
             values = [value for _, value, _ in items]
-            taken, pushed, nbytes = self._channel.push_window(values, 0, self._native_spec, self._recording)
+            recording = None if self._recorder is None else self._recorder.recording
+            taken, pushed, nbytes = self._channel.push_window(values, self._checks.native, recording)
             if pushed < taken:
                 return False  # The consumer is gone.
             if taken and lookahead is not None:
                 lookahead.observe(nbytes / taken)
             items = items[taken:]
-        if items or not self._recording_fits():
-            self._recording = None  # Not every batch as it came, or too many: not replayed.
+        if self._recorder is not None:
+            self._recorder.keep_if(every_batch_native=not items)
         pending = []
         for label, value, error in items:
             try:
@@ -283,23 +289,17 @@ class Feeder:
                 self._push_error(e)
         return self._push(pending)
 
-    def _recording_fits(self):
-        if self._recording is None:
-            return True
-        batches, nbytes = self._record_within
-        return self._recording.size <= batches and (nbytes is None or self._recording.bytes <= nbytes)
-
     def _entry(self, label, value):
         bytes_copied = arrays_copied = 0
         if isinstance(value, batch.Copied):
             value, bytes_copied, arrays_copied = value.value, value.bytes_copied, value.arrays_copied
         try:
-            arrays = self._spec.check(value)
+            arrays = self._checks.flat_spec.check(value)
         except BatchError as e:
             raise BatchError(e.code, f"tfray: {label}: {e.message}") from None
         for i, array in enumerate(arrays):
-            if not batch.fits(array, self._alignment):
-                arrays[i] = batch.aligned_copy(array, self._alignment)
+            if not batch.fits(array, self._checks.alignment):
+                arrays[i] = batch.aligned_copy(array, self._checks.alignment)
                 bytes_copied += array.nbytes
                 arrays_copied += 1
         # Pin the batch as it came, plus any copies made from it.
@@ -311,7 +311,7 @@ class Feeder:
         if not entries:
             return not self._channel.cancelled
         # Blocks (without the GIL) while the channel is full; a cancel wakes it.
-        return self._channel.push(entries, self._spec.dtype_enums) == len(entries)
+        return self._channel.push(entries, self._checks.flat_spec.dtype_enums) == len(entries)
 
     def _push_error(self, error):
         self._channel.push_error(int(error.code), error.message)

@@ -33,7 +33,8 @@ from typing import NamedTuple, Tuple
 import ray._raylet
 
 from tfray._internal.runtime import ray_api
-from tfray._internal.runtime.feeder import Feeder
+from tfray._internal.runtime.batch import Checks
+from tfray._internal.runtime.feeder import Feeder, Recorder
 from tfray._internal.runtime.service import Service
 from tfray._internal.runtime.status import BatchError, Code
 
@@ -102,6 +103,7 @@ class SourceEpochs:
             self._offered = None  # Unregistering cancelled its channel.
 
     def view(self, replayed):
+        """A SourceView of now; ``replayed``: whether the native registry replays the source."""
         with self._lock:
             self._settle()
             offered = self._offered
@@ -318,15 +320,14 @@ class Registry(Service):
         ``record``: it records the epoch, to replay, if the source allows.
         """
         bounds = source.replay_bounds() if record else None
+        alignment = self._lib.TENSOR_ALIGNMENT
+        checks = Checks(source.flat_spec, source.flat_spec.native(self._lib, alignment), alignment)
         return Feeder(
             stream,
-            source.flat_spec,
             channel,
+            checks,
             pins=self._pins,
-            alignment=self._lib.TENSOR_ALIGNMENT,
-            native_spec=source.flat_spec.native(self._lib, self._lib.TENSOR_ALIGNMENT),
-            recording=None if bounds is None else self._lib.Recording(),
-            record_within=bounds or (0, None),
+            recorder=None if bounds is None else Recorder(self._lib.Recording(), bounds),
             on_end=functools.partial(self._post_ended, key),
             name=_describe(key, source),
         )
