@@ -80,7 +80,10 @@ class Dataset(dataset_ops.DatasetSource):
         self._source, self._share = self._whole, None  # shard() sets _share.
         if not isinstance(source, sources.Source):  # shard() made it: as is.
             self._source, self._share = distribute.share_of(
-                self._whole, sharding=sharding, input_context=input_context
+                self._whole,
+                sharding=sharding,
+                input_context=input_context,
+                heartbeat=runtime.get().heartbeat,
             )
         self._structure = self._source.wire_spec
         registry = runtime.get().registry

@@ -78,15 +78,10 @@ def test_threads_are_reused_while_feeders_keep_coming():
     pool.stop(5)
 
 
-# The feeder pool.
-
-
 class FakeRun:
-    """A feeder that runs ``work`` on a pool thread."""
+    """A stand-in feeder that runs ``work`` on a pool thread."""
 
     def __init__(self, work):
-        import threading
-
         self.work = work
         self.done = threading.Event()
         self.channel = None

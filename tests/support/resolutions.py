@@ -25,13 +25,13 @@ class _Counted(np.ndarray):
 
     def __reduce_ex__(self, protocol):
         # The plain array inside still travels out of band (pickle 5): zero-copy.
-        return (_rebuild, (self._key, self.view(np.ndarray)))
+        return (_rebuild, (self.resolution_key, self.view(np.ndarray)))
 
 
 def counted(key, array):
     """``array`` wrapped so that each resolution of it records ``key``."""
     wrapped = np.asarray(array).view(_Counted)
-    wrapped._key = key
+    wrapped.resolution_key = key
     return wrapped
 
 

@@ -32,13 +32,14 @@ SHARDING_MODES = ("auto", "off", "dynamic")
 _INPUT_TASK_TYPES = ("chief", "worker", "evaluator")
 
 
-def share_of(source, *, sharding, input_context):
+def share_of(source, *, sharding, input_context, heartbeat):
     """The source this process reads, and which share of the whole it is.
 
     Args:
         source: a ``sources.Source``.
         sharding: ``"auto"``, ``"off"``, ``"dynamic"`` or a ``DynamicSharding``.
         input_context: a ``tf.distribute.InputContext`` or None.
+        heartbeat: the runtime's Heartbeat, which renews dynamic sharding's leases.
 
     Returns:
         ``(source, share)``: ``source`` itself or its part, and
@@ -48,7 +49,7 @@ def share_of(source, *, sharding, input_context):
     if sharding == "off":
         return source, None
     if sharding == "dynamic" or isinstance(sharding, DynamicSharding):
-        return dynamic_share(source, sharding)
+        return dynamic_share(source, sharding, heartbeat)
     share = worker_share(input_context)
     if share is None:
         return source, None
@@ -93,14 +94,14 @@ def check_options(sharding, input_context):
         )
 
 
-def dynamic_share(source, sharding):
+def dynamic_share(source, sharding, heartbeat):
     """``(source, None)``: a worker's share is decided as it reads (dynamic.py).
 
     An ``input_context`` does not matter: the coordinator hands each worker
     its units, whichever input pipeline it is.
     """
     options = sharding if isinstance(sharding, DynamicSharding) else DynamicSharding()
-    return DynamicSource(source, options), None
+    return DynamicSource(source, options, heartbeat), None
 
 
 def worker_share(input_context=None):

@@ -28,7 +28,7 @@ import time
 import ray
 from ray import cloudpickle
 
-from tfray._internal.runtime import ray_api, runtime
+from tfray._internal.runtime import ray_api
 
 # By value, like the producers (generators.py): by reference, the actor's
 # process would import tfray, and with it TensorFlow (seconds, hundreds of MB).
@@ -225,7 +225,7 @@ def connect(name, *, num_units, lease_s, idle_s):
 class Client:
     """One worker's side of a coordinator: its id, handle and lease renewal."""
 
-    def __init__(self, name, *, worker, num_units, lease_s, idle_s):
+    def __init__(self, name, *, worker, num_units, lease_s, idle_s, heartbeat):
         self.name = name
         self.worker = worker
         self.lease_s = lease_s
@@ -239,7 +239,7 @@ class Client:
                 "different datasets under one name. Give each dataset its own name "
                 "(tfray.DynamicSharding(name=...)), or build the same dataset everywhere."
             )
-        runtime.get().heartbeat.add(self)  # Renews its leases.
+        heartbeat.add(self)  # Renews its leases.
 
     def begin(self):
         return self._call("begin", self.worker)

@@ -42,6 +42,7 @@ class DynamicSource(Source):
     Args:
         whole: the source every worker builds (refs or generators).
         options: a DynamicSharding.
+        heartbeat: the runtime's Heartbeat, which renews this worker's leases.
     """
 
     cardinality = UNKNOWN_CARDINALITY  # The share is decided as it is read.
@@ -49,7 +50,7 @@ class DynamicSource(Source):
     # iterator may come to read.
     replays = False
 
-    def __init__(self, whole, options):
+    def __init__(self, whole, options, heartbeat):
         key, num_units, self._at_once = whole.work_units()
         if options.name is None and key is None:
             raise ValueError(
@@ -66,6 +67,7 @@ class DynamicSource(Source):
             num_units=num_units,
             lease_s=float(options.lease_timeout_s),
             idle_s=_IDLE_S,
+            heartbeat=heartbeat,
         )
         super().__init__(whole.spec_only(), capacity=whole.capacity)
 
