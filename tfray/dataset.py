@@ -453,6 +453,8 @@ def _make_source(source, element_spec, options):
     bound = signature.bind(source, element_spec=element_spec, **options)
     bound.apply_defaults()
     arguments = {n: v for n, v in bound.arguments.items() if n not in ("sharding", "input_context")}
+    if kind == "from_generators":  # Its producers are stopped through an actor the runtime keeps.
+        arguments["session_actor"] = runtime.get().session_actor
     return _BUILDERS[kind](**arguments)
 
 

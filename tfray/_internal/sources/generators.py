@@ -167,7 +167,7 @@ class GeneratorShards(BundledRefs):
     """
 
     def __init__(
-        self, fn, shards, *, inflight, share_bytes, ray_remote_args, concurrency, shard_numbers=None
+        self, fn, shards, *, inflight, share_bytes, ray_remote_args, concurrency, board, shard_numbers=None
     ):
         self._inflight = inflight
         # The epoch's first ref, until its bundle's size is learned; None
@@ -187,7 +187,7 @@ class GeneratorShards(BundledRefs):
         self.deterministic = True
         # What close() posts to stop this epoch's producers (see stops.py).
         _check_ray()  # Making the board after ray.shutdown() would start a new Ray.
-        self._board = stops.board()
+        self._board = board()
         self._token = stops.new_token()
         for _ in range(concurrency):
             self._running.append(self._start_next())
@@ -349,7 +349,7 @@ class GeneratorSource(Source):
     kind = "from_generators"
 
     def __init__(
-        self, fn, shards, *, element_spec, max_inflight_per_producer, deterministic, ray_remote_args
+        self, fn, shards, *, element_spec, max_inflight_per_producer, deterministic, ray_remote_args, session_actor
     ):
         if not callable(fn):
             raise TypeError(f"from_generators: fn must be callable, got {type(fn).__name__}")
@@ -376,6 +376,7 @@ class GeneratorSource(Source):
         self._inflight = inflight.Inflight(self._per_producer)
         self._deterministic = deterministic
         self._ray_remote_args = ray_remote_args
+        self._session_actor = session_actor  # The runtime's: where the stop board lives.
         # Without element_spec, it is learned when first asked for: by then a
         # worker's share is known, and only the share's producers run.
         super().__init__(element_spec, capacity=self._window(self._per_producer or inflight.MOST))
@@ -417,6 +418,7 @@ class GeneratorSource(Source):
             share_bytes=self._share(),
             ray_remote_args=self._ray_remote_args,
             concurrency=1,
+            board=self._board,
             shard_numbers=[number],
         )
 
@@ -428,6 +430,7 @@ class GeneratorSource(Source):
             max_inflight_per_producer=self._per_producer,
             deterministic=self._deterministic,
             ray_remote_args=self._ray_remote_args,
+            session_actor=self._session_actor,
         )
 
     def _start(self):
@@ -438,7 +441,12 @@ class GeneratorSource(Source):
             share_bytes=self._share(),
             ray_remote_args=self._ray_remote_args,
             concurrency=self._at_once(),
+            board=self._board,
         )
+
+    def _board(self):
+        """This process's stop board in the current Ray session (stops.py)."""
+        return stops.board(self._session_actor)
 
     def spec_only(self):
         if self._element_spec is None:
@@ -512,7 +520,7 @@ class GeneratorSource(Source):
         return LookAhead(budget_bytes=default_budget(), start=min(START, window), cap=window)
 
 
-def source(fn, shards, *, element_spec, max_inflight_per_producer, deterministic, ray_remote_args):
+def source(fn, shards, *, element_spec, max_inflight_per_producer, deterministic, ray_remote_args, session_actor):
     """The GeneratorSource of ``Dataset.from_generators``' arguments; bad ``ray_remote_args`` refused now."""
     if isinstance(ray_remote_args, dict) and ray_remote_args:  # Refused now, not as producers start.
         try:
@@ -526,6 +534,7 @@ def source(fn, shards, *, element_spec, max_inflight_per_producer, deterministic
         max_inflight_per_producer=max_inflight_per_producer,
         deterministic=deterministic,
         ray_remote_args=ray_remote_args,
+        session_actor=session_actor,
     )
 
 

@@ -26,7 +26,7 @@ import uuid
 import ray
 from ray import cloudpickle
 
-from tfray._internal.runtime import ray_api, runtime
+from tfray._internal.runtime import ray_api
 
 # By value, like the producers (generators.py): by reference, the actor's
 # process would import tfray, and with it TensorFlow.
@@ -62,9 +62,12 @@ class StopBoard:
             event.set()
 
 
-def board():
-    """This process's stop board in the current Ray session, made on first use."""
-    return runtime.get().session_actor("stop board", _make_board)
+def board(session_actor):
+    """This process's stop board in the current Ray session, made on first use.
+
+    ``session_actor``: the runtime's, which keeps one actor of a name per Ray session.
+    """
+    return session_actor("stop board", _make_board)
 
 
 def _make_board():
