@@ -12,16 +12,19 @@ pytestmark = pytest.mark.timeout(60)
 
 
 class Job:
-    """A stand-in feeder: runs until released."""
+    """A stand-in feeder: runs ``work``, by default until released (or its channel cancelled)."""
 
-    def __init__(self, release):
-        self._release = release
+    def __init__(self, release=None, work=None):
+        self._release = release or threading.Event()
+        self._work = work or (lambda: self._release.wait(30))
         self.done = threading.Event()
         self.channel = self
 
     def run(self):
-        self._release.wait(30)
-        self.done.set()
+        try:
+            self._work()
+        finally:
+            self.done.set()
 
     def cancel(self):
         self._release.set()
@@ -78,21 +81,6 @@ def test_threads_are_reused_while_feeders_keep_coming():
     pool.stop(5)
 
 
-class FakeRun:
-    """A stand-in feeder that runs ``work`` on a pool thread."""
-
-    def __init__(self, work):
-        self.work = work
-        self.done = threading.Event()
-        self.channel = None
-
-    def run(self):
-        try:
-            self.work()
-        finally:
-            self.done.set()
-
-
 def test_a_feeder_that_raises_leaves_its_thread_to_the_next():
     """A pool thread outlives a feeder that raises: the next feeder still runs."""
     from tfray._internal.runtime.feeder import FeederPool
@@ -103,11 +91,11 @@ def test_a_feeder_that_raises_leaves_its_thread_to_the_next():
         raise RuntimeError("stopping the producers failed")
 
     try:
-        first = FakeRun(fail)
+        first = Job(work=fail)
         pool.start(first)
         assert first.done.wait(5)
         conftest.wait_until(lambda: pool.idle == 1, timeout=5)  # The thread counts itself idle.
-        ran = FakeRun(lambda: None)
+        ran = Job(work=lambda: None)
         pool.start(ran)
         assert ran.done.wait(5), "the next feeder was queued for a thread that had died"
         assert pool.threads == 1
@@ -124,11 +112,11 @@ def test_a_feeder_that_meets_rays_system_exit_leaves_its_thread_to_the_next():
 
     pool = FeederPool()
     try:
-        first = FakeRun(exit_)
+        first = Job(work=exit_)
         pool.start(first)
         assert first.done.wait(5)
         conftest.wait_until(lambda: pool.idle == 1, timeout=5)  # Else the thread died with the feeder.
-        ran = FakeRun(lambda: None)
+        ran = Job(work=lambda: None)
         pool.start(ran)
         assert ran.done.wait(5)
         assert pool.threads == 1
