@@ -1,6 +1,5 @@
 """``tfray.Dataset``: a tf.data source over batches in Ray's object store."""
 
-import inspect
 import weakref
 
 import ray
@@ -420,47 +419,39 @@ def _require_kind(method, argument, source):
         )
 
 
-# What every kind takes, handled by Dataset itself.
-_COMMON = ("element_spec", "sharding", "input_context")
-
-
 def _make_source(source, element_spec, options):
     """The source ``Dataset(source, **options)`` reads, made by its kind's builder.
 
-    Each kind's options, and their defaults, are declared once: by the
-    signature of its public constructor (``Dataset.from_refs`` and the
-    others), which ``options`` are bound to here, so that ``Dataset(...)``
-    and the constructors take the same options with the same defaults. The
-    builder (``_BUILDERS``) checks their values.
+    Each kind's module declares its options (``OPTIONS``) and their
+    defaults (its builder's signature), which its public constructor here
+    repeats; ``test_api_args`` checks that they agree.
     """
     if isinstance(source, sources.Source):  # From shard(): already made.
         return source
     kind = _kind(source)
-    signature = inspect.signature(getattr(Dataset, kind))
-    params = list(signature.parameters.values())
-    own = [p.name for p in params[1:] if p.name not in _COMMON]
+    if kind == "from_refs":
+        _refuse(kind, options, sources.refs.OPTIONS)
+        return sources.RefsSource(source, element_spec=element_spec, **options)
+    if kind == "from_generators":
+        _refuse(kind, options, generators.OPTIONS)
+        if "shards" not in options:
+            raise TypeError(
+                f"tfray.Dataset: shards: required for {_KINDS[kind]} (see Dataset.{kind})"
+            )
+        # Its producers are stopped through an actor the runtime keeps.
+        session_actor = runtime.get().session_actor
+        return generators.GeneratorSource(
+            source, element_spec=element_spec, session_actor=session_actor, **options
+        )
+    _refuse(kind, options, ray_data.OPTIONS)
+    return ray_data.source(source, element_spec=element_spec, **options)
+
+
+def _refuse(kind, options, own):
+    """Options of another kind, named with the ones this kind takes."""
     unknown = sorted(set(options) - set(own))
     if unknown:
         raise TypeError(
             f"tfray.Dataset: {_KINDS[kind]} takes the options of Dataset.{kind} "
             f"({', '.join(own)}), not {', '.join(unknown)}"
         )
-    for p in params[1:]:
-        if p.default is p.empty and p.name not in options:
-            raise TypeError(
-                f"tfray.Dataset: {p.name}: required for {_KINDS[kind]} (see Dataset.{kind})"
-            )
-    bound = signature.bind(source, element_spec=element_spec, **options)
-    bound.apply_defaults()
-    arguments = {n: v for n, v in bound.arguments.items() if n not in ("sharding", "input_context")}
-    if kind == "from_generators":  # Its producers are stopped through an actor the runtime keeps.
-        arguments["session_actor"] = runtime.get().session_actor
-    return _BUILDERS[kind](**arguments)
-
-
-# Each kind's builder, in its own module with its argument checks.
-_BUILDERS = {
-    "from_refs": sources.RefsSource,
-    "from_generators": generators.source,
-    "from_ray_data": ray_data.source,
-}

@@ -7,6 +7,7 @@ whose message names the argument and what was expected.
 """
 
 import gc
+import inspect
 import types
 
 import numpy as np
@@ -240,3 +241,16 @@ def test_pickling_a_dataset_says_what_to_send_instead():
     ds = tfray.Dataset([ray.put(np.zeros(3, np.float32))])
     with pytest.raises(TypeError, match="lives in the process that built it.*Send what builds it"):
         pickle.dumps(ds)
+
+
+@pytest.mark.parametrize("kind", ["from_refs", "from_generators", "from_ray_data"])
+def test_the_constructor_takes_the_options_of_the_one_it_dispatches_to(env, kind):
+    # tfray.Dataset(source, **options) names, when refusing an option, the
+    # options it takes for that kind: exactly those of the public constructor.
+    source = {"from_refs": env.refs, "from_generators": gen, "from_ray_data": env.rds}[kind]
+    with pytest.raises(TypeError) as refused:
+        D(source, shards=2, not_an_option=1) if kind == "from_generators" else D(source, not_an_option=1)
+    listed = str(refused.value).split(f"Dataset.{kind} (")[1].split(")")[0].split(", ")
+    common = {"element_spec", "sharding", "input_context"}
+    params = list(inspect.signature(getattr(D, kind)).parameters)[1:]
+    assert listed == [p for p in params if p not in common]

@@ -101,6 +101,8 @@ class UnitRefs(BundledRefs):
         self.epoch = epoch
         self._unit_refs = unit_refs
         self._at_once = at_once
+        if at_once is None:  # Units of plain refs: a batch each, nothing to count.
+            self.batches_held = None
         self._open = collections.OrderedDict()  # unit -> its ref stream, not yet ended.
         self._unit_of = {}  # label -> unit, for refs handed on and not yet taken by TF.
         # unit -> its refs handed on and not yet taken by TF; a key for each

@@ -55,6 +55,12 @@ class SourceEpochs:
         self._offered = None  # The feeder of the epoch offered ahead; until claimed.
         self._recent = collections.deque(maxlen=256)  # Feeders of begun epochs, for stats().
 
+    @property
+    def epochs(self):
+        """Epochs begun so far."""
+        with self._lock:
+            return self._began
+
     def began(self, epoch):
         """Counts an epoch an iterator reads (a feeder, or a Replayed) and keeps it for stats()."""
         with self._lock:
@@ -253,7 +259,7 @@ class Registry(Service):
             channel.close()
             return
         # A second reading of a whole epoch is recorded, to replay.
-        record = entry.view(replayed=False).epochs >= 1 and request.skip == 0
+        record = entry.epochs >= 1 and request.skip == 0
         feeder = self._feeder(key, source, stream, channel, record=record)
         entry.began(feeder)
         self._feeders.start(feeder)

@@ -343,13 +343,25 @@ class _Begun(Wrapped):
         return out
 
 
+# Dataset.from_generators' options, as GeneratorSource takes them (``shards`` required).
+OPTIONS = ("shards", "max_inflight_per_producer", "deterministic", "ray_remote_args")
+
+
 class GeneratorSource(Source):
     """``fn(shard)`` generators, each run as a streaming Ray task per epoch."""
 
     kind = "from_generators"
 
     def __init__(
-        self, fn, shards, *, element_spec, max_inflight_per_producer, deterministic, ray_remote_args, session_actor
+        self,
+        fn,
+        shards,
+        *,
+        session_actor,
+        element_spec=None,
+        max_inflight_per_producer=None,
+        deterministic=None,
+        ray_remote_args=None,
     ):
         if not callable(fn):
             raise TypeError(f"from_generators: fn must be callable, got {type(fn).__name__}")
@@ -367,6 +379,11 @@ class GeneratorSource(Source):
             raise TypeError(f"deterministic: expected None or a bool, got {deterministic!r}")
         if ray_remote_args is not None and not isinstance(ray_remote_args, dict):
             raise TypeError(f"ray_remote_args: expected a dict, got {type(ray_remote_args).__name__}")
+        if ray_remote_args:  # Refused now, not as producers start.
+            try:
+                ray.remote(**ray_remote_args)(_run_nothing)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"ray_remote_args: {e}") from None
         self._fn = fn
         self._per_producer = (
             None
@@ -518,24 +535,6 @@ class GeneratorSource(Source):
         """
         window = self._window(self._inflight.count(self._share()))
         return LookAhead(budget_bytes=default_budget(), start=min(START, window), cap=window)
-
-
-def source(fn, shards, *, element_spec, max_inflight_per_producer, deterministic, ray_remote_args, session_actor):
-    """The GeneratorSource of ``Dataset.from_generators``' arguments; bad ``ray_remote_args`` refused now."""
-    if isinstance(ray_remote_args, dict) and ray_remote_args:  # Refused now, not as producers start.
-        try:
-            ray.remote(**ray_remote_args)(_run_nothing)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"ray_remote_args: {e}") from None
-    return GeneratorSource(
-        fn,
-        shards,
-        element_spec=element_spec,
-        max_inflight_per_producer=max_inflight_per_producer,
-        deterministic=deterministic,
-        ray_remote_args=ray_remote_args,
-        session_actor=session_actor,
-    )
 
 
 def _run_nothing():

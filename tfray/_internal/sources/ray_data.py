@@ -476,21 +476,34 @@ class RayDataSource(Source):
         return stream
 
 
+# Dataset.from_ray_data's options (to_tf's), in its order and with its defaults.
+OPTIONS = GROUPS + (
+    "prefetch_batches",
+    "batch_size",
+    "drop_last",
+    "local_shuffle_buffer_size",
+    "local_shuffle_seed",
+    "feature_type_spec",
+    "label_type_spec",
+    "additional_type_spec",
+)
+
+
 def source(
     ray_ds,
     *,
-    feature_columns,
-    label_columns,
-    additional_columns,
-    prefetch_batches,
-    batch_size,
-    drop_last,
-    local_shuffle_buffer_size,
-    local_shuffle_seed,
-    feature_type_spec,
-    label_type_spec,
-    additional_type_spec,
-    element_spec,
+    feature_columns=None,
+    label_columns=None,
+    additional_columns=None,
+    prefetch_batches=1,
+    batch_size=1,
+    drop_last=False,
+    local_shuffle_buffer_size=None,
+    local_shuffle_seed=None,
+    feature_type_spec=None,
+    label_type_spec=None,
+    additional_type_spec=None,
+    element_spec=None,
 ):
     """The RayDataSource of ``Dataset.from_ray_data``'s arguments, checked as ``to_tf`` checks them."""
     groups = (feature_columns, label_columns, additional_columns)

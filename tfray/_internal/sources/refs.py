@@ -11,12 +11,16 @@ from tfray._internal.runtime.status import BatchError, Code
 from tfray._internal.sources.base import Source, default_budget, positive_int
 
 
+# Dataset.from_refs' options, as RefsSource takes them.
+OPTIONS = ("max_inflight", "max_inflight_bytes")
+
+
 class RefsSource(Source):
     """ObjectRefs: a sequence (replayable) or an iterator (read once)."""
 
     kind = "from_refs"
 
-    def __init__(self, refs, *, element_spec, max_inflight, max_inflight_bytes):
+    def __init__(self, refs, *, element_spec=None, max_inflight=None, max_inflight_bytes=None):
         self._options = dict(max_inflight=max_inflight, max_inflight_bytes=max_inflight_bytes)
         self._max_inflight = None if max_inflight is None else positive_int("max_inflight", max_inflight)
         self._budget = None if max_inflight_bytes is None else positive_int("max_inflight_bytes", max_inflight_bytes)
