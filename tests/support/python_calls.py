@@ -40,6 +40,9 @@ counts = {"tfray": 0, "polls": 0, "rounds": 0, "windows": 0, "bundles": 0, "ray"
 # Calls tfray's frames make straight into Ray's (but for a poll's), by name:
 # ``get`` and ``wait`` give up the GIL and take it back.
 ray_api = {}
+# Calls into tfray's door to Ray (runtime/ray_api.py), by name: Ray's
+# core-worker get that ``get_decoded`` makes is Cython, invisible above.
+door = {}
 
 
 def _in_poll(frame):
@@ -74,6 +77,8 @@ def profile(frame, event, arg):
             return
         counts["tfray"] += 1
         name = frame.f_code.co_name
+        if filename == RAY_API:
+            door[name] = door.get(name, 0) + 1
         if name == "_deliver":
             counts["windows"] += 1
         elif name == "next_ready" and filename.endswith("resolver.py"):
@@ -116,7 +121,7 @@ def main(batches, window, rows, source="refs"):
     threading.setprofile(None)
     assert got == sum(range(batches)), got
     stats = ds.stats()[-1]
-    print(json.dumps(dict(counts, ray_api=ray_api, batches=stats.batches, copied=stats.bytes_copied_by_tfray)))
+    print(json.dumps(dict(counts, ray_api=ray_api, door=door, batches=stats.batches, copied=stats.bytes_copied_by_tfray)))
     ray.shutdown()
 
 

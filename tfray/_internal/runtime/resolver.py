@@ -3,7 +3,8 @@
 Refs for up to a look-ahead's ``limit`` of batches wait in a window; each
 call hands back the longest run of resolved refs at the window's head (one
 ``ray.get``, or one ``ray.wait`` and one ``ray.get``, for many batches, so the
-GIL is taken per window, not per batch).
+GIL is taken per window, not per batch); the get reads objects like those
+it read before without Ray's deserialization (decoder.py).
 Where a ref holds several batches (a producer's bundle, streams.py), the
 look-ahead still counts batches: a ref stands for as many as those resolved
 so far held, on average.
@@ -11,7 +12,7 @@ so far held, on average.
 
 import collections
 
-from tfray._internal.runtime import ray_api
+from tfray._internal.runtime import decoder, ray_api
 
 
 class RefResolver:
@@ -29,6 +30,8 @@ class RefResolver:
         self._window = collections.deque()  # (label, ref); feeder thread only.
         self._per_ref = 1.0  # Batches a ref stands for, on average.
         self._all_ready = True  # Try the whole window in one ray.get (_get_window).
+        # Reads objects like those read before without Ray's deserialization (decoder.py).
+        self._decoder = decoder.BatchDecoder()
         # Refs that hold several batches say how many, and where a failed one stands.
         self._batches_held = getattr(refs, "batches_held", None)
         self._where = getattr(refs, "where", lambda label, earlier: label)
@@ -74,7 +77,7 @@ class RefResolver:
         call per window.
         """
         try:
-            values = ray_api.get([ref for _, ref in self._window], timeout=0)
+            values = ray_api.get_decoded([ref for _, ref in self._window], self._decoder, timeout=0)
         except Exception:  # Not every one ready, or one failed: the slow path says which.
             # But not once Ray is going: a Ray call that its shutdown
             # overtakes ends the process (ray_api).
@@ -106,7 +109,8 @@ class RefResolver:
     def _resolve(self, ready):
         refs = [ref for _, ref in ready]
         try:
-            return [(label, value, None) for (label, _), value in zip(ready, ray_api.get(refs))]
+            values = ray_api.get_decoded(refs, self._decoder)
+            return [(label, value, None) for (label, _), value in zip(ready, values)]
         except Exception:  # Find out which ones failed, and why.
             out = []
             earlier = []  # (label, value) resolved before the one failing.
