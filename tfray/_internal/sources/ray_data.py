@@ -476,37 +476,30 @@ class RayDataSource(Source):
         return stream
 
 
-# Dataset.from_ray_data's options (to_tf's), in its order and with its defaults.
-OPTIONS = GROUPS + (
-    "prefetch_batches",
-    "batch_size",
-    "drop_last",
-    "local_shuffle_buffer_size",
-    "local_shuffle_seed",
-    "feature_type_spec",
-    "label_type_spec",
-    "additional_type_spec",
-)
+# Dataset.from_ray_data's options (to_tf's), in its order, with its defaults.
+DEFAULTS = {
+    "feature_columns": None,
+    "label_columns": None,
+    "additional_columns": None,
+    "prefetch_batches": 1,
+    "batch_size": 1,
+    "drop_last": False,
+    "local_shuffle_buffer_size": None,
+    "local_shuffle_seed": None,
+    "feature_type_spec": None,
+    "label_type_spec": None,
+    "additional_type_spec": None,
+}
+OPTIONS = tuple(DEFAULTS)
 
 
-def source(
-    ray_ds,
-    *,
-    feature_columns=None,
-    label_columns=None,
-    additional_columns=None,
-    prefetch_batches=1,
-    batch_size=1,
-    drop_last=False,
-    local_shuffle_buffer_size=None,
-    local_shuffle_seed=None,
-    feature_type_spec=None,
-    label_type_spec=None,
-    additional_type_spec=None,
-    element_spec=None,
-):
-    """The RayDataSource of ``Dataset.from_ray_data``'s arguments, checked as ``to_tf`` checks them."""
-    groups = (feature_columns, label_columns, additional_columns)
+def source(ray_ds, *, element_spec=None, **options):
+    """The RayDataSource of ``Dataset.from_ray_data``'s options, checked as ``to_tf`` checks them.
+
+    ``options``: those of ``OPTIONS`` given; the others take ``DEFAULTS``.
+    """
+    given = {**DEFAULTS, **options}
+    groups = tuple(given[name] for name in GROUPS)
     for name, columns in zip(GROUPS, groups):
         listed = [columns] if isinstance(columns, str) else columns
         if columns is not None and not (
@@ -515,11 +508,17 @@ def source(
             raise TypeError(
                 f"{name}: expected a column name, a non-empty list of them, or None; got {columns!r}"
             )
-    type_specs = (feature_type_spec, label_type_spec, additional_type_spec)
+    type_specs = tuple(given[name] for name in TYPE_SPECS)
     for name, type_spec in zip(TYPE_SPECS, type_specs):
         leaves = tf.nest.flatten(type_spec)
         if type_spec is not None and not all(isinstance(t, tf.TypeSpec) for t in leaves):
             raise TypeError(f"{name}: expected a tf.TypeSpec, a dict of them, or None; got {type_spec!r}")
+    batch_size, drop_last = given["batch_size"], given["drop_last"]
+    local_shuffle_buffer_size, local_shuffle_seed = (
+        given["local_shuffle_buffer_size"],
+        given["local_shuffle_seed"],
+    )
+    prefetch_batches = given["prefetch_batches"]
     if batch_size is not None:
         batch_size = positive_int("batch_size", batch_size)
     if not isinstance(drop_last, bool):
