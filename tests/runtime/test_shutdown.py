@@ -142,7 +142,7 @@ def test_tfrays_own_ray_calls_never_start_a_ray_after_a_shutdown(fresh_ray):
     The deterministic part of the shutdown-under-producers race (whose
     timing a test cannot force): the calls tfray's threads make raise.
     """
-    from tfray._internal.runtime import ray_api
+    from tfray._internal.runtime import decoder, ray_api
 
     ref = ray.put(1)
     ray.shutdown()
@@ -150,6 +150,7 @@ def test_tfrays_own_ray_calls_never_start_a_ray_after_a_shutdown(fresh_ray):
 
     calls = {
         "get": lambda: ray_api.get(ref, timeout=1),
+        "get_decoded": lambda: ray_api.get_decoded([ref], decoder.BatchDecoder(), timeout=1),
         "wait": lambda: ray_api.wait([ref], num_returns=1, timeout=0),
         "call": lambda: ray_api.call(ray.put, 1),
         "poll": lambda: ray_api.poll([ref], 0),
