@@ -423,8 +423,8 @@ def _make_source(source, element_spec, options):
     """The source ``Dataset(source, **options)`` reads, made by its kind's builder.
 
     Each kind's module declares its options (``OPTIONS``) and their
-    defaults (its builder's signature), which its public constructor here
-    repeats; ``test_api_args`` checks that they agree.
+    defaults (its builder's), which its public constructor here repeats;
+    ``test_api_args`` checks that the names agree.
     """
     if isinstance(source, sources.Source):  # From shard(): already made.
         return source
