@@ -19,7 +19,7 @@ class NeverStopped:
         self.asked = 0
         self._after = after
 
-    def requested(self, paused=False):
+    def requested(self):
         self.asked += 1
         return self._after is not None and self.asked >= self._after
 

@@ -18,14 +18,7 @@ batch that waits in a bundle while the generator runs on is copied first.
 """
 
 import copy
-import time
 
-# How often a running producer asks whether it was stopped (see stops.py).
-_STOP_CHECK_S = 0.05
-# A yield that took longer than this was a pause (Ray's backpressure): the
-# producer asks at once when it resumes, which is when a stopping trainer
-# resumes it.
-_PAUSE_S = 0.002
 # A bundle's bounds (see above).
 BUNDLE_BATCHES = 256
 BUNDLE_BYTES = 4 << 20
@@ -48,32 +41,25 @@ def largest_bundle(batch_bytes):
 
 
 class _StopCheck:
-    """Whether the trainer stopped this producer's epoch: one parked call to its stop board."""
+    """Whether the trainer stopped this producer's epoch: one parked call to its stop board.
+
+    The call's reply fulfils a future from Ray's own thread, so the check
+    after each batch reads a flag: no Ray call per batch, and a producer
+    that backpressure paused sees a stop as soon as it resumes.
+    """
 
     def __init__(self, board, token):
-        import ray
+        self._reply = board.wait.remote(token).future()
 
-        self._ray = ray
-        self._reply = board.wait.remote(token)
-        self._next = time.monotonic() + _STOP_CHECK_S
-
-    def requested(self, paused=False):
-        if self._reply is None:
+    def requested(self):
+        if self._reply is None or not self._reply.done():
             return False
-        now = time.monotonic()
-        if now < self._next and not paused:
-            return False
-        self._next = now + _STOP_CHECK_S
-        ready, _ = self._ray.wait([self._reply], timeout=0, fetch_local=False)
-        if not ready:
-            return False
-        try:
-            return self._ray.get(self._reply)
-        except self._ray.exceptions.RayError:
+        if self._reply.exception() is not None:
             # The board went with its trainer process; Ray ends this task
             # with its owner.
             self._reply = None
             return False
+        return self._reply.result()
 
 
 def bundles(batches, stop):
@@ -89,27 +75,22 @@ def bundles(batches, stop):
                 yield bundle
             raise
         size = nbytes(batch)
-        paused = False
         if bundle and held + size > BUNDLE_BYTES:  # With it, the bundle would pass the bound.
-            before = time.monotonic()
             yield bundle
-            paused = time.monotonic() - before > _PAUSE_S
             bundle, held, most = [], 0, min(2 * most, BUNDLE_BATCHES)
         bundle.append(batch)
         held += size
         # Closed once another batch of this size would pass the bound: a
         # batch over half of it goes at once, not after the next is made.
         if len(bundle) >= most or held + size > BUNDLE_BYTES:
-            before = time.monotonic()
             yield bundle
-            paused = paused or time.monotonic() - before > _PAUSE_S
             bundle, held, most = [], 0, min(2 * most, BUNDLE_BATCHES)
         else:
             # It waits while the generator makes the next: a generator may
             # refill the same arrays for each batch, as it may before Ray's
             # put of a batch yielded alone.
             bundle[-1] = copy.deepcopy(batch)
-        if stop.requested(paused=paused):  # Asked after every batch: one may take long.
+        if stop.requested():  # Asked after every batch: one may take long.
             return
     if bundle:
         yield bundle
