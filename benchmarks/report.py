@@ -182,6 +182,7 @@ def assemble(results, rss, args, wall_s, machine=None):
         "settings": {
             "quick": args.quick,
             "rounds": args.rounds,
+            "warmup_rounds": args.warmup_rounds,
             "seconds": args.seconds,
             "scenarios": args.runs,
             "pipelines": args.pipeline_names,
@@ -473,7 +474,8 @@ def results_markdown(data, chart_name, notes):
         "Written by `make bench` (`benchmarks/run.py`); the method is in the module",
         "docstrings of `run.py`, `pipelines.py` and `report.py`. Each figure is the",
         f"median of {s['rounds']} rounds of a ~{s['seconds']} s timed run (`range`: the",
-        "lowest and highest round); each ratio is the median over rounds of the ratio",
+        f"lowest and highest round), after {s.get('warmup_rounds', 0)} uncounted warm-up round(s) "
+        "per scenario; each ratio is the median over rounds of the ratio",
         "within a round, against the ceiling under the same load. Raw samples:",
         "`benchmarks/results/latest.json` (not committed).",
         "",

@@ -21,8 +21,11 @@ Why it is fair:
   call, which runs a fixed number of batches chosen from a short probe to take
   about ``--seconds``. The pipelines are measured in turn within each round,
   and the rounds repeat (``--rounds``, default 5), each starting at the next
-  pipeline; each figure is the median of its rounds, and each ratio the
-  median over rounds of the ratio within a round, so the drifts of this
+  pipeline, after a scenario's warm-up rounds (``--warmup-rounds``, default
+  2), which are not counted: whichever pipelines ran first would otherwise
+  pay alone for the object store's fresh pages and Ray's worker start. Each
+  figure is the median of its rounds, and each ratio the median over rounds
+  of the ratio within a round, so the drifts of this
   shared machine hit the pipelines compared alike. Ratios to the ceiling use
   the ceiling measured under the same load: a busy thread takes a core from
   TensorFlow too.
@@ -276,10 +279,14 @@ def run_scenario(scenario, loads, names, args, log):
     )
     names = list(names) + [n for n in scenario.extra if n not in names and n.split("@")[0] in names]
     results = {}
-    for load in loads:
+    for i, load in enumerate(loads):
         busy = load == "busy"
         samples = {name: [] for name in names}
-        for rnd in range(args.rounds):
+        # Warm-up rounds first (round 0), once per scenario, not counted: the
+        # first pipelines to run would pay alone for the store's fresh pages
+        # and for starting Ray's workers.
+        warmup = args.warmup_rounds if i == 0 else 0
+        for rnd in range(-warmup, args.rounds):
             # Each round starts one pipeline further on, so no pipeline always
             # runs first (after set-up) or right after the same neighbour.
             shift = rnd % len(names)
@@ -298,10 +305,12 @@ def run_scenario(scenario, loads, names, args, log):
                     sample["tfray"] = tfray_totals(source)
                 if name == "to_tf" and ray_data.fallback:
                     sample["to_tf_fallback"] = True
-                samples[name].append(sample)
+                if rnd >= 0:
+                    samples[name].append(sample)
                 del ds, source
                 log(
-                    f"  {scenario.name:5s} {load:4s} round {rnd + 1}: {name:15s} "
+                    f"  {scenario.name:5s} {load:4s} "
+                    f"{f'round {rnd + 1}' if rnd >= 0 else 'warm-up'}: {name:15s} "
                     f"{sample['batches_per_s']:10.1f} batches/s {sample['gb_per_s']:7.2f} GB/s "
                     f"({sample['batches']} in {sample['seconds']:.2f} s)"
                 )
@@ -362,6 +371,12 @@ def parse_args(argv):
         "max_inflight_per_producer=K)" % ", ".join(pipelines.PIPELINES),
     )
     parser.add_argument("--rounds", type=int, default=None, help="samples per figure (5)")
+    parser.add_argument(
+        "--warmup-rounds",
+        type=int,
+        default=None,
+        help="uncounted rounds before a scenario's first (2; quick: 0)",
+    )
     parser.add_argument("--seconds", type=float, default=None, help="timed run length (1.0)")
     parser.add_argument(
         "--switch-interval",
@@ -374,6 +389,8 @@ def parse_args(argv):
     parser.add_argument("--out", default=None, help="JSON path (benchmarks/results/latest.json)")
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (1 if args.quick else 5)
+    if args.warmup_rounds is None:
+        args.warmup_rounds = 0 if args.quick else 2
     args.seconds = args.seconds or (0.3 if args.quick else 1.0)
     args.min_probe_s = 0.1 if args.quick else 0.25
     if args.rss_batches is None:
