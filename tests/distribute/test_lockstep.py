@@ -43,14 +43,18 @@ def cpus(request):
 
 
 # More batches a shard than tfray's look-ahead and Ray's backpressure hold
-# between them: the producers do pause, holding what they reserve.
+# between them: the producers do pause, holding what they reserve. A batch
+# over half a bundle's bound (2 MB, producer.py) is an object of its own, so
+# what they hold is counted in batches; small batches, bundled by the
+# hundred, would let a whole shard be taken and its producer end.
 BATCHES = 40
+ROWS = (2 << 20) // (8 * 4) + 1
 
 
 def generators(shards, batches=BATCHES, offset=0):
     def gen(shard):
         for i in range(batches):
-            yield np.full((4, 8), offset + 100 * shard + i, np.float32)
+            yield np.full((ROWS, 8), offset + 100 * shard + i, np.float32)
 
     return tfray.Dataset.from_generators(gen, shards, element_spec=SPEC)
 
@@ -135,7 +139,7 @@ def test_keras_fit_with_steps_per_epoch_and_a_generator_validation_set(cpus):
     """Keras keeps its training iterator across epochs while validation reads a new one."""
     import keras
 
-    train = generators(3, batches=20).map(lambda b: (b, tf.reduce_sum(b, axis=1, keepdims=True)))
+    train = generators(3).map(lambda b: (b, tf.reduce_sum(b, axis=1, keepdims=True)))
     val = generators(2, batches=3, offset=1000).map(lambda b: (b, tf.reduce_sum(b, axis=1, keepdims=True)))
 
     class Tick(keras.callbacks.Callback):
