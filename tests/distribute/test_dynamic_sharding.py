@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import ray
 import tensorflow as tf
-from conftest import without_prefetch
+from conftest import wait_until, without_prefetch
 from ray import cloudpickle
 from support import resolutions
 
@@ -189,12 +189,15 @@ def test_a_dead_consumers_unfinished_units_go_to_the_other():
     doomed = Consumer.options(**options).remote(refs, "test-kill", lease_s)
     survivor = Consumer.options(**options).remote(refs, "test-kill", lease_s)
     doomed_epoch = doomed.read_epoch.remote(0.1, stop_after=3)
-    survivor_epoch = survivor.read_epoch.remote(0.1)
     deadline = time.monotonic() + 60
     while len(ray.get(doomed.read_so_far.remote())) < 3:
         assert time.monotonic() < deadline, "the doomed consumer read nothing"
         time.sleep(0.05)
     read_by_doomed = ray.get(doomed.read_so_far.remote())  # Final: it hangs now.
+    # It dies holding units it did not read (its look-ahead's): the survivor,
+    # reading from now on, must get those too once their lease runs out.
+    wait_until(lambda: sum(len(units) for units in taken("test-kill")[0].values()) > 3, timeout=60)
+    survivor_epoch = survivor.read_epoch.remote(0.1)
     ray.kill(doomed)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(doomed_epoch, timeout=30)

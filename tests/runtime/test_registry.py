@@ -1,9 +1,15 @@
-"""A source's epochs in the registry (SourceEpochs): the offer of an epoch started ahead, without Ray."""
+"""The registry: a source's epochs (SourceEpochs) and the offer of one started ahead, without
+Ray; a dataset collected in the middle of the registry's work, with it."""
 
 import threading
 
+import numpy as np
 import pytest
+import ray
+from conftest import wait_until
 
+import tfray
+from tfray._internal.runtime import registry, runtime
 from tfray._internal.runtime.registry import SourceEpochs
 
 pytestmark = pytest.mark.timeout(30)
@@ -73,3 +79,34 @@ def test_forgetting_an_offer_no_iterator_took(epochs):
     epochs.forget_offer()
     view = epochs.view(replayed=False)
     assert not view.offered and view.recent == ()
+
+
+# A dataset collected while the registry works on its source.
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_dataset_collected_inside_the_registrys_lock_hangs_nothing(monkeypatch):
+    """Its finalizer runs in whichever thread the collector ran, holding whatever lock that held.
+
+    Here the last reference goes while a view of its source is being made,
+    under that source's lock, as the garbage collector may do at any
+    allocation: the registry must only note it then (and forget it later).
+    """
+    refs = [ray.put(np.full((4, 4), i, np.float32)) for i in range(3)]
+    held = [tfray.Dataset(refs)]
+    assert len(list(held[0])) == 3
+    key = held[0].source_key
+    made_view = registry.SourceView
+
+    def view_as_the_dataset_goes(**fields):
+        held.clear()  # Its last reference: its finalizer runs here, in this thread.
+        return made_view(**fields)
+
+    monkeypatch.setattr(registry, "SourceView", view_as_the_dataset_goes)
+    viewer = threading.Thread(target=runtime.get().registry.view, args=(key,), daemon=True)
+    viewer.start()
+    viewer.join(10)
+    assert not viewer.is_alive(), "making a view hung: the finalizer waited on the lock its thread held"
+    assert not held
+    monkeypatch.undo()
+    wait_until(lambda: runtime.get().registry.view(key) is None)

@@ -59,7 +59,7 @@ def test_a_list_read_again_is_replayed_from_its_third_epoch_and_freed_with_its_d
     key = ds.source_key
     del ds
     gc.collect()
-    assert runtime.get().registry.view(key) is None  # Unregistered.
+    wait_until(lambda: runtime.get().registry.view(key) is None)  # The dispatcher forgot it.
     assert not lib().has_replay(key) and lib().replayed_batches() == kept_before
     wait_until(lambda: runtime.get().pins.count() == kept_before)
 

@@ -158,6 +158,8 @@ class Registry(Service):
         self._settled = threading.Condition()
         # Replays need to see the Ray session end (see _replay).
         self._session_probe = lib.watch_ray_session(ray._raylet.__file__)
+        # Keys of collected datasets, for the dispatcher to forget (unregister).
+        self._collected = collections.deque()
 
     def register(self, source):
         """Registers ``source``; returns the key its dataset graph carries."""
@@ -168,12 +170,36 @@ class Registry(Service):
         return key
 
     def unregister(self, key):
+        """Source ``key``'s dataset was collected: no iterator is served it; the dispatcher forgets it.
+
+        It runs as the dataset's finalizer, in whichever thread the garbage
+        collector ran, perhaps one inside a lock of tfray's that forgetting
+        takes (a SourceEpochs' is one): so it takes no Python lock and calls
+        no Ray here. The native registry cancels the source's offer and
+        replay at once, and never holds its lock while Python runs.
+        """
         self._lib.unregister_source(key)
-        with self._lock:
-            entry = self._sources.pop(key, None)
-        if entry is not None:
+        self._collected.append(key)  # Atomic under the GIL.
+
+    def stop(self, timeout):
+        super().stop(timeout)
+        self._forget_collected()  # At exit, the finalizers ran just before.
+
+    def _forget_collected(self):
+        """Drops the collected datasets' sources and stops what they keep running."""
+        while self._collected:
+            key = self._collected.popleft()
+            with self._lock:
+                entry = self._sources.pop(key, None)
+            if entry is None:
+                continue
             entry.forget_offer()
-            entry.source.close()
+            try:
+                entry.source.close()  # Its Ray calls are its own to guard.
+            except Exception:  # One source's failure must not keep the others open.
+                logger.exception("tfray: closing a collected dataset's source failed")
+            with ray_api.held():  # Dropping the source drops its refs and actor handles.
+                del entry
 
     def view(self, key):
         """A SourceView of source ``key``, or None if it is not registered."""
@@ -200,7 +226,9 @@ class Registry(Service):
 
     def _run(self):
         while not self._stop.is_set():
-            for request in self._lib.wait_requests(0.2):  # Waits without the GIL.
+            requests = self._lib.wait_requests(0.2)  # Waits without the GIL.
+            self._forget_collected()  # First: a collected dataset's requests find it gone.
+            for request in requests:
                 try:
                     self._handle(request)
                 except Exception:  # The dispatcher must live on: every iterator waits on it.

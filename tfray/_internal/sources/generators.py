@@ -509,6 +509,8 @@ class GeneratorSource(Source):
             early, self._early = self._early, None
         if early is not None:
             early.close()
+            with ray_api.held():  # Dropping it drops its refs and generators.
+                del early
         super().close()
 
     def open_epoch(self, *, deterministic, skip=0, taken=None):
