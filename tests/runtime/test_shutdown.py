@@ -92,7 +92,7 @@ def test_a_program_exits_cleanly_with_an_epoch_offered_ahead(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import numpy as np, ray, tfray
-        ray.init(num_cpus=1, object_store_memory=80 * 2**20, include_dashboard=False)
+        ray.init(address="local", num_cpus=1, object_store_memory=80 * 2**20, include_dashboard=False)
         ds = tfray.Dataset([ray.put(np.full((256, 256), i, np.float32)) for i in range(8)])
         for _ in range(3):
             assert len(list(ds)) == 8

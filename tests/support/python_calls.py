@@ -100,7 +100,7 @@ def produce(shard, batches, rows):
 
 def main(batches, window, rows, source="refs"):
     batches, window, rows = int(batches), int(window), int(rows)
-    ray.init(num_cpus=1, object_store_memory=200 << 20, include_dashboard=False)
+    ray.init(address="local", num_cpus=1, object_store_memory=200 << 20, include_dashboard=False)
     if source == "refs":
         refs = [ray.put(np.full((rows, 256), i, np.float32)) for i in range(batches)]
         ds = tfray.Dataset(refs, max_inflight=window)

@@ -19,7 +19,7 @@ ROWS, FEATURES, BATCHES = 512, 128, 4  # 256 KB batches: in the shared store.
 
 def main(address):
     if address == "local":
-        ray.init(num_cpus=2, object_store_memory=150 * 2**20, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, object_store_memory=150 * 2**20, log_to_driver=False)
     else:
         ray.init(address=address, log_to_driver=False)
     import tensorflow as tf
