@@ -180,6 +180,7 @@ class Consumer:
         return list(self._read)
 
 
+@pytest.mark.timeout(420, method="thread")  # The two processes' start, then up to 180 s of reading.
 def test_a_dead_consumers_unfinished_units_go_to_the_other():
     """A consumer process killed mid-epoch: the survivor reads every unit it did not finish."""
     refs = make_refs()
@@ -188,6 +189,9 @@ def test_a_dead_consumers_unfinished_units_go_to_the_other():
     options = dict(max_concurrency=2)
     doomed = Consumer.options(**options).remote(refs, "test-kill", lease_s)
     survivor = Consumer.options(**options).remote(refs, "test-kill", lease_s)
+    # Both processes up (each imports TensorFlow: over a minute on a loaded
+    # machine) before the doomed one's reads are timed.
+    ray.get([doomed.read_so_far.remote(), survivor.read_so_far.remote()], timeout=240)
     doomed_epoch = doomed.read_epoch.remote(0.1, stop_after=3)
     deadline = time.monotonic() + 60
     while len(ray.get(doomed.read_so_far.remote())) < 3:

@@ -180,7 +180,9 @@ def check_imports(tree, env):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        # Two imports of TensorFlow: one took over 3 minutes in a Ray worker
+        # while CI runs installed TensorFlow beside this run.
+        timeout=900,
     )
     if run.returncode:
         raise RuntimeError(f"import check failed:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
