@@ -158,14 +158,9 @@ class Dataset(dataset_ops.DatasetSource):
             A ``tfray.Dataset``.
         """
         _require_kind("from_refs", "refs", refs)
-        return cls(
-            refs,
-            element_spec=element_spec,
-            max_inflight=max_inflight,
-            max_inflight_bytes=max_inflight_bytes,
-            sharding=sharding,
-            input_context=input_context,
-        )
+        options = dict(max_inflight=max_inflight, max_inflight_bytes=max_inflight_bytes)
+        common = dict(element_spec=element_spec, sharding=sharding, input_context=input_context)
+        return cls(refs, **common, **options)
 
     @classmethod
     def from_generators(
@@ -223,16 +218,14 @@ class Dataset(dataset_ops.DatasetSource):
             >>> ds = tfray.Dataset.from_generators(read_shard, 4)
         """
         _require_kind("from_generators", "fn", fn)
-        return cls(
-            fn,
-            element_spec=element_spec,
+        options = dict(
             shards=shards,
             max_inflight_per_producer=max_inflight_per_producer,
             deterministic=deterministic,
             ray_remote_args=ray_remote_args,
-            sharding=sharding,
-            input_context=input_context,
         )
+        common = dict(element_spec=element_spec, sharding=sharding, input_context=input_context)
+        return cls(fn, **common, **options)
 
     @classmethod
     def from_ray_data(
