@@ -175,10 +175,7 @@ void Channel::Preload(const std::vector<Batch>& batches, size_t start) {
   not_empty_.notify_all();
 }
 
-size_t Channel::capacity() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return capacity_;
-}
+size_t Channel::capacity() const { return Locked(capacity_); }
 
 size_t Channel::room() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -194,20 +191,11 @@ void Channel::SetCapacity(size_t capacity) {
   not_full_.notify_all();
 }
 
-bool Channel::cancelled() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return cancelled_;
-}
+bool Channel::cancelled() const { return Locked(cancelled_); }
 
-int64_t Channel::items_taken() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return items_taken_;
-}
+int64_t Channel::items_taken() const { return Locked(items_taken_); }
 
-bool Channel::claimed() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return claimed_;
-}
+bool Channel::claimed() const { return Locked(claimed_); }
 
 void Channel::Claim() {
   std::lock_guard<std::mutex> lock(mu_);

@@ -185,6 +185,13 @@ class Channel {
   PushResult PushItem(Item item, double timeout_s, int64_t bytes_copied,
                       int64_t arrays_copied);
 
+  // A field guarded by mu_, read under it.
+  template <typename T>
+  T Locked(const T& field) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return field;
+  }
+
   const std::chrono::steady_clock::time_point created_;
   mutable std::mutex mu_;
   size_t capacity_;  // Guarded by mu_.

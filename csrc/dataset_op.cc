@@ -24,14 +24,10 @@ namespace tfray {
 using ::tensorflow::DataType;
 using ::tensorflow::DataTypeString;
 using ::tensorflow::DataTypeVector;
-using ::tensorflow::data::IteratorContext;
-using ::tensorflow::data::IteratorStateReader;
-using ::tensorflow::data::IteratorStateWriter;
 using ::tensorflow::Node;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::PartialTensorShape;
-using ::tensorflow::data::SerializationContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorBuffer;
 using ::tensorflow::TensorShape;
@@ -39,6 +35,10 @@ using ::tensorflow::data::DatasetBase;
 using ::tensorflow::data::DatasetContext;
 using ::tensorflow::data::DatasetIterator;
 using ::tensorflow::data::IteratorBase;
+using ::tensorflow::data::IteratorContext;
+using ::tensorflow::data::IteratorStateReader;
+using ::tensorflow::data::IteratorStateWriter;
+using ::tensorflow::data::SerializationContext;
 using ::tensorflow::data::model::MakeSourceNode;
 
 namespace {

@@ -19,12 +19,10 @@
 namespace tfray {
 namespace {
 
-using ::tensorflow::DataTypeString;
 using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
-using ::tensorflow::TensorShapeUtils;
 
 enum class Inplace { kUpdate, kAdd, kSub };
 
@@ -71,7 +69,8 @@ absl::Status ApplyAny(Inplace kind, const Tensor& i, const Tensor& v,
       break;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("Unsupported data type: ", DataTypeString(v.dtype())));
+      absl::StrCat("Unsupported data type: ",
+                   tensorflow::DataTypeString(v.dtype())));
 }
 
 template <Inplace kind>
@@ -83,7 +82,7 @@ class InplaceOp : public OpKernel {
     const Tensor& x = ctx->input(0);
     const Tensor& i = ctx->input(1);
     const Tensor& v = ctx->input(2);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(i.shape()),
+    OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsVector(i.shape()),
                 absl::InvalidArgumentError(absl::StrCat(
                     "i must be a vector. ", i.shape().DebugString())));
     OP_REQUIRES(ctx, x.dims() == v.dims(),

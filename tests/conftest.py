@@ -224,6 +224,26 @@ def store_bytes_used():
     return store_stats().object_store_bytes_used
 
 
+def wait_store_back_to(baseline, timeout=20.0):
+    """Waits until the object store holds at most ``baseline`` bytes; fails naming what it holds.
+
+    The failure lists the store's objects with who references them (Ray's
+    ``ray memory`` table), so a leak says whose it is.
+    """
+    try:
+        wait_until(lambda: store_bytes_used() <= baseline, timeout=timeout)
+    except AssertionError:
+        from ray._private.internal_api import memory_summary
+
+        try:
+            held = memory_summary(stats_only=False)
+        except Exception as e:  # The summary is only a diagnosis.
+            held = f"(no object list: {type(e).__name__}: {e})"
+        raise AssertionError(
+            f"the object store holds {store_bytes_used()} bytes after {timeout} s, not at most {baseline}:\n{held}"
+        ) from None
+
+
 def store_bytes_created():
     """Bytes ever created in this node's object store, a count that only grows.
 

@@ -158,9 +158,8 @@ class Dataset(dataset_ops.DatasetSource):
             A ``tfray.Dataset``.
         """
         _require_kind("from_refs", "refs", refs)
-        options = dict(max_inflight=max_inflight, max_inflight_bytes=max_inflight_bytes)
         common = dict(element_spec=element_spec, sharding=sharding, input_context=input_context)
-        return cls(refs, **common, **options)
+        return cls(refs, **common, max_inflight=max_inflight, max_inflight_bytes=max_inflight_bytes)
 
     @classmethod
     def from_generators(
@@ -169,11 +168,11 @@ class Dataset(dataset_ops.DatasetSource):
         shards,
         *,
         element_spec=None,
+        sharding="auto",
+        input_context=None,
         max_inflight_per_producer=None,
         deterministic=None,
         ray_remote_args=None,
-        sharding="auto",
-        input_context=None,
     ):
         """A dataset over batches that generator functions yield, in parallel.
 
@@ -188,6 +187,9 @@ class Dataset(dataset_ops.DatasetSource):
             element_spec: see :class:`Dataset`. When None, the first epoch's
                 producers start at construction and the first batch gives the
                 spec; that running epoch serves the first iterator.
+            sharding: see :class:`Dataset`; a worker's share is its shards
+                ``index::num_shards``.
+            input_context: see :class:`Dataset`.
             max_inflight_per_producer: bundles a producer may have waiting in
                 the object store before it pauses (Ray's generator
                 backpressure). A producer puts consecutive batches in the store
@@ -204,9 +206,6 @@ class Dataset(dataset_ops.DatasetSource):
                 None follows ``tf.data.Options().deterministic`` (default True).
             ray_remote_args: options for the producer tasks, e.g.
                 ``{"num_cpus": 1, "max_retries": 3}``.
-            sharding: see :class:`Dataset`; a worker's share is its shards
-                ``index::num_shards``.
-            input_context: see :class:`Dataset`.
 
         Returns:
             A ``tfray.Dataset`` of unknown cardinality.

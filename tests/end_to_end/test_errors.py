@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import ray
 import tensorflow as tf
-from conftest import store_bytes_used, wait_until, without_prefetch
+from conftest import store_bytes_used, wait_store_back_to, wait_until, without_prefetch
 
 import tfray
 from tfray._internal.runtime import runtime
@@ -165,7 +165,7 @@ def test_dropping_an_iterator_mid_epoch_releases_every_pin():
     del held
     wait_until(lambda: runtime.get().pins.count() == 0)
     del ds, refs
-    wait_until(lambda: store_bytes_used() <= baseline)
+    wait_store_back_to(baseline)
 
 
 def test_batches_pushed_one_at_a_time_are_unpinned_too():

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import ray  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from conftest import OBJECT_STORE_BYTES, store_bytes_used, store_stats, wait_until  # noqa: E402
+from conftest import OBJECT_STORE_BYTES, store_bytes_used, store_stats, wait_store_back_to, wait_until  # noqa: E402
 from support.dlpack_util import assert_zero_copy  # noqa: E402
 
 import tfray  # noqa: E402
@@ -105,7 +105,7 @@ def test_generators_into_a_nearly_full_store_are_held_back_not_failed():
     assert shards * per_shard * 4 * MB > 4 * free
     del ballast, ds
     gc.collect()
-    wait_until(lambda: store_bytes_used() <= baseline)
+    wait_store_back_to(baseline)
 
 
 # Keras fit and KeyboardInterrupt.
@@ -237,7 +237,7 @@ def test_keyboard_interrupt_in_fit_stops_feeders_and_a_new_fit_works(kind, how, 
     del source, ds, model
     gc.collect()
     wait_until(lambda: runtime.get().pins.count() == 0)
-    wait_until(lambda: store_bytes_used() <= baseline)
+    wait_store_back_to(baseline)
 
 
 # An error that ends the epoch, met among resolved batches.

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import ray
 import tensorflow as tf
-from conftest import store_bytes_used, wait_until
+from conftest import store_bytes_used, wait_store_back_to, wait_until
 
 import tfray
 from tfray._internal.runtime import native, runtime
@@ -164,7 +164,7 @@ class Soak:
         wait_until(lambda: runtime.get().pins.count() == lib.replayed_batches())
         wait_until(lambda: all(s.finished for s in self.refs_ds.stats() + self.gen_ds.stats()))
         # Frees reach the store's counters a little later; a leak never does.
-        wait_until(lambda: store_bytes_used() <= self.resting_store)
+        wait_store_back_to(self.resting_store)
         return _resources()
 
 

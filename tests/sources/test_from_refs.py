@@ -186,7 +186,7 @@ def test_epochs_after_the_second_are_started_ahead_and_released_with_the_dataset
     """
     import gc
 
-    from conftest import store_bytes_used, wait_until
+    from conftest import store_bytes_used, wait_store_back_to, wait_until
 
     from tfray._internal.runtime import runtime
 
@@ -205,7 +205,7 @@ def test_epochs_after_the_second_are_started_ahead_and_released_with_the_dataset
     del ds
     gc.collect()
     wait_until(lambda: runtime.get().pins.count() == 0)
-    wait_until(lambda: store_bytes_used() <= baseline)
+    wait_store_back_to(baseline)
 
 
 def test_strategy_run_over_a_distributed_tfray_dataset():

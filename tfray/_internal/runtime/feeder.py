@@ -43,14 +43,12 @@ class FeederPool:
     @property
     def threads(self):
         """How many threads the pool has now, running a feeder or idle."""
-        with self._lock:
-            return self._threads
+        return self._threads  # A snapshot either way: one read needs no lock.
 
     @property
     def idle(self):
         """How many of its threads wait for a feeder, none promised to them."""
-        with self._lock:
-            return self._idle
+        return self._idle  # Likewise.
 
     def start(self, feeder):
         """Runs ``feeder`` on an idle thread, or a new one."""
