@@ -180,7 +180,7 @@ class Consumer:
         return list(self._read)
 
 
-@pytest.mark.timeout(420, method="thread")  # The two processes' start, then up to 180 s of reading.
+@pytest.mark.timeout(480, method="thread")  # Up to 240 s for the two processes to start, then 210 s of waits.
 def test_a_dead_consumers_unfinished_units_go_to_the_other():
     """A consumer process killed mid-epoch: the survivor reads every unit it did not finish."""
     refs = make_refs()

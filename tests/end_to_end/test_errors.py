@@ -152,6 +152,9 @@ def test_dropping_an_iterator_mid_epoch_releases_every_pin():
         return np.full((512, 512), i, np.float32)  # 1 MB each, in the store.
 
     refs = [make.remote(i) for i in range(20)]
+    # Every task ends first: Ray leaves the result of a task that ends after
+    # its refs were dropped in the store (unpinned, until the space is needed).
+    assert len(ray.wait(refs, num_returns=len(refs), fetch_local=False, timeout=120)[0]) == len(refs)
     ds = tfray.Dataset(refs, max_inflight=4)
     it = iter(without_prefetch(ds))
     held = [next(it) for _ in range(3)]  # TF still holds these three.
