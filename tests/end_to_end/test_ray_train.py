@@ -20,7 +20,10 @@ import ray_train_mwms  # noqa: E402
 # By value: Ray Train's workers cannot import the examples directory.
 cloudpickle.register_pickle_by_value(ray_train_mwms)
 
-pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240, method="thread")]
+# Ray Train starts a controller, its workers and TensorFlow in each: 75-115 s
+# with other work on the machine, and over 240 s (its worker group alone took
+# 3 minutes to start) when that work was several times its 2 cores.
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(600, method="thread")]
 
 ROWS, BATCH, EPOCHS = 512, 64, 2
 
