@@ -40,47 +40,68 @@ def taken(name):
     return ray.get(ray.get_actor(name, namespace=coordinator.NAMESPACE).taken.remote())
 
 
-def consume(ds, epochs, delay_s, out, barrier=None):
+def consume(ds, epochs, delay_s, out, barrier=None, after_first=None):
     """Reads ``epochs`` epochs of ``ds``, appending each epoch's ids to ``out``.
 
     With a ``barrier``, consumers start each epoch together, as the workers
-    of a synchronous training job do.
+    of a synchronous training job do. ``after_first(epoch)`` runs once the
+    epoch's first batch is read.
     """
-    for _ in range(epochs):
+    for epoch in range(epochs):
         if barrier is not None:
             barrier.wait(timeout=60)
         ids = []
         for batch in ds:
             ids.append(int(batch["id"][0]))
+            if after_first is not None and len(ids) == 1:
+                after_first(epoch)
             time.sleep(delay_s)
         out.append(ids)
 
 
 def test_a_slow_consumer_takes_fewer_units_and_each_is_read_once_per_epoch():
-    """Two consumers, one slow: per epoch every unit exactly once; the slow one took fewer."""
+    """Two consumers, one slow: per epoch every unit exactly once; the slow one took fewer.
+
+    How much slower "slow" is must not depend on the machine's load (under
+    heavy load each batch's own cost outweighs any sleep): after its first
+    batch of an epoch, the slow consumer waits until every unit is handed
+    out. In the first epoch a worker that asks before the other has ever
+    asked may hold half of all units, so the split is checked from the
+    second epoch on, when the coordinator knows both.
+    """
+    name, epochs = "test-slow-fast", 3
     refs = make_refs()
-    sharding = tfray.DynamicSharding(name="test-slow-fast")
+    sharding = tfray.DynamicSharding(name=name)
     fast_ds = tfray.Dataset(refs, sharding=sharding)
     slow_ds = tfray.Dataset(refs, sharding=sharding)
     assert fast_ds.cardinality().numpy() == tf.data.UNKNOWN_CARDINALITY
+
+    def all_handed_out(epoch):
+        wait_until(
+            lambda: sum(map(len, taken(name).get(epoch, {}).values())) == UNITS, timeout=60
+        )
+
     fast, slow = [], []
     barrier = threading.Barrier(2)
     threads = [
-        threading.Thread(target=consume, args=(fast_ds, 2, 0.04, fast, barrier)),
-        threading.Thread(target=consume, args=(slow_ds, 2, 0.2, slow, barrier)),
+        threading.Thread(target=consume, args=(fast_ds, epochs, 0.01, fast, barrier)),
+        threading.Thread(
+            target=consume, args=(slow_ds, epochs, 0.05, slow, barrier, all_handed_out)
+        ),
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=90)
-    assert len(fast) == len(slow) == 2, "a consumer did not finish two epochs"
-    for epoch in range(2):
+    assert len(fast) == len(slow) == epochs, "a consumer did not finish its epochs"
+    for epoch in range(epochs):
         both = fast[epoch] + slow[epoch]
         assert sorted(both) == list(range(UNITS)), f"epoch {epoch}: {fast[epoch]} + {slow[epoch]}"
-        assert 0 < len(slow[epoch]) < len(fast[epoch])
+        if epoch > 0:
+            assert 0 < len(slow[epoch]) < len(fast[epoch])
     # The coordinator handed each unit once, to the consumer that read it.
-    handed = taken("test-slow-fast")
-    for epoch in range(2):
+    handed = taken(name)
+    for epoch in range(epochs):
         assert sorted(map(sorted, handed[epoch].values())) == sorted(
             sorted(ids) for ids in (fast[epoch], slow[epoch]) if ids
         )
