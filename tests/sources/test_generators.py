@@ -55,6 +55,27 @@ def test_deterministic_round_robin_is_the_same_every_epoch():
     assert ids(ds) == first
 
 
+@pytest.mark.parametrize("batch_mb, order", [
+    (3, [0, 100, 1, 2, 101, 102, 3, 4, 103, 104]),  # In pairs after the first.
+    (5, [0, 100, 1, 101, 2, 102, 3, 103, 4, 104]),  # Alone: over the pair limit.
+])
+def test_batches_over_2_mb_go_in_pairs_that_fit_the_producers_share(batch_mb, order):
+    """A pair holds two batches over half a bundle's 4 MB while FEWEST of them fit a producer's share.
+
+    The test store (150 MB) gives each of 2 running producers 18.75 MB of
+    its quarter: pairs of batches up to 4.7 MB (inflight.pair_limit).
+    deterministic=True takes turns a bundle at a time, so the order shows
+    the bundles.
+    """
+
+    def gen(shard):
+        for i in range(5):
+            yield np.full(batch_mb * MB // 8, shard * 100 + i, np.int64)
+
+    ds = tfray.Dataset.from_generators(gen, 2, deterministic=True)
+    assert [int(batch[0]) for batch in ds] == order
+
+
 def test_non_deterministic_delivers_everything_once():
     """deterministic=False takes whichever batch is ready; none lost or repeated."""
     ds = tfray.Dataset.from_generators(counting(5), [0, 1, 2], deterministic=False)

@@ -58,6 +58,31 @@ def test_a_batch_over_half_the_byte_bound_goes_at_once_uncopied():
     assert all(bundle[0] is batch for bundle, batch in zip(got, batches))
 
 
+def test_batches_over_half_the_byte_bound_go_in_pairs_up_to_the_pair_limit():
+    """The first of a pair is copied (the generator refills it); a bigger batch goes alone."""
+    refilled = np.zeros(12 * MB, np.uint8)
+    bigger = np.zeros(13 * MB, np.uint8)
+
+    def gen():
+        for i in range(6):
+            refilled[:] = i
+            yield refilled
+        yield bigger
+        yield np.ones(MB, np.uint8)
+        yield np.full(MB, 2, np.uint8)
+
+    got, values = [], []
+    for bundle in producer.bundles(gen(), NeverStopped(), pair_limit=12 * MB):
+        got.append(bundle)
+        values += [int(batch[0]) for batch in bundle]  # Read as Ray's put would, at once.
+    # The first alone, then pairs; the bigger batch does not pair, nor does
+    # a small one with it: 13 MB and 1 MB pass the byte bound.
+    assert sizes(got) == [1, 2, 2, 1, 1, 2]
+    assert values == [0, 1, 2, 3, 4, 5, 0, 1, 2]
+    assert got[1][1] is refilled and got[1][0] is not refilled  # Held, so copied.
+    assert got[4][0] is bigger  # Unpaired: it went at once, uncopied.
+
+
 def test_a_generator_error_comes_after_the_batches_made_before_it():
     def gen():
         for i in range(5):
@@ -70,11 +95,12 @@ def test_a_generator_error_comes_after_the_batches_made_before_it():
         next(bundles)
 
 
-@pytest.mark.parametrize("batch_bytes", [1, 1000, 16 << 10, 1 << 20, 3 << 19, 2 << 20, (2 << 20) + 1, 12 << 20])
-def test_largest_bundle_is_the_largest_that_bundling_makes(batch_bytes):
+@pytest.mark.parametrize("pair_limit", [0, 12 << 20])
+@pytest.mark.parametrize("batch_bytes", [1, 1000, 16 << 10, 1 << 20, 3 << 19, 2 << 20, (2 << 20) + 1, 12 << 20, 13 << 20])
+def test_largest_bundle_is_the_largest_that_bundling_makes(batch_bytes, pair_limit):
     batches = [np.zeros(batch_bytes, np.uint8)] * 600
-    made = max(producer.nbytes(bundle) for bundle in producer.bundles(iter(batches), NeverStopped()))
-    assert producer.largest_bundle(batch_bytes) == made
+    made = max(producer.nbytes(bundle) for bundle in producer.bundles(iter(batches), NeverStopped(), pair_limit))
+    assert producer.largest_bundle(batch_bytes, pair_limit) == made
 
 
 def test_inflight_as_set_or_by_the_bytes_of_the_batches_an_epoch_read():
@@ -85,14 +111,17 @@ def test_inflight_as_set_or_by_the_bytes_of_the_batches_an_epoch_read():
     learned = inflight.Inflight()
     assert learned.count(256 * MB) == 2  # Nothing read yet.
     learned.learn([np.zeros(12 * MB, np.uint8)])
-    assert learned.count(256 * MB) == 16  # 256 MB // 12 MB = 21, at most 16.
-    assert learned.count(None) == 16
-    assert learned.count(64 * MB) == 5
+    assert learned.count(256 * MB) == 10  # In pairs: 256 MB // 24 MB.
+    assert learned.count(None) == 16  # Alone (no pairs without a share): 256 MB // 12 MB = 21, at most 16.
+    assert learned.count(96 * MB) == 4  # In pairs.
+    assert learned.count(40 * MB) == 3  # Alone: 2 pairs would not fit.
     assert learned.count(20 * MB) == 2  # Never fewer than 2.
     big = inflight.Inflight()
     big.learn([{"x": np.zeros(38 * MB, np.uint8), "y": np.zeros(256, np.int32)}])
-    assert big.count(256 * MB) == 6
-    assert big.count(1 << 40) == 6  # 256 MB at most, however big the store.
+    assert big.count(256 * MB) == 3  # In pairs.
+    assert big.count(1 << 40) == 3  # 256 MB at most, however big the store.
+    assert inflight.pair_limit(256 * MB) == 64 * MB
+    assert inflight.pair_limit(None) == 0
     small = inflight.Inflight()
     small.learn([np.zeros(16 << 10, np.uint8)] * 3)  # Bundles of 256 batches, 4 MB.
     assert small.count(256 * MB) == 16

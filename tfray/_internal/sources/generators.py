@@ -278,7 +278,12 @@ class GeneratorShards(BundledRefs):
         if count not in self._runners:
             self._runners[count] = with_backpressure(_remote_run_shard, self._options, count)
         return shard, ray_api.call(
-            self._runners[count].remote, self._fn, self._shards[shard], self._board, self._token
+            self._runners[count].remote,
+            self._fn,
+            self._shards[shard],
+            self._board,
+            self._token,
+            inflight.pair_limit(self._share),
         )
 
     def _replace(self, position):

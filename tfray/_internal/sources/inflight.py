@@ -9,8 +9,9 @@ producers sit paused between looks (BUILD_NOTES.md has the figures).
 Unless the user sets ``max_inflight_per_producer``, the count follows the
 bytes: as many objects as fit in ``AHEAD_BYTES`` per producer, and within
 a quarter of the object store over the running producers, from 2 to 16.
-An object's size is that of the largest bundle the batches make (a batch
-over 2 MB travels alone; smaller ones up to 4 MB together), from the first
+An object's size is that of the largest bundle the batches make (batches
+up to 2 MB go up to 4 MB together; bigger ones in pairs, or alone where 2
+pairs would not fit a producer's share: ``pair_limit``), from the first
 batch an epoch reads. Producers started before any was read (the first ones
 of a new dataset's first epoch) get 2.
 """
@@ -34,22 +35,23 @@ class Inflight:
     def __init__(self, fixed=None):
         self.fixed = fixed
         self._lock = threading.Lock()
-        self._object_bytes = None  # The largest seen; guarded by _lock.
+        self._batch_bytes = None  # The largest seen; guarded by _lock.
 
     def learn(self, bundle):
-        """Notes the size of objects from the first bundle (a list of batches) an epoch read."""
+        """Notes the size of batches from the first bundle (a list of them) an epoch read."""
         if not bundle:
             return
-        size = producer.largest_bundle(producer.nbytes(bundle[0]))
+        size = producer.nbytes(bundle[0])
         with self._lock:
-            self._object_bytes = max(self._object_bytes or 0, size)
+            self._batch_bytes = max(self._batch_bytes or 0, size)
 
     def count(self, share_bytes):
         """Bundles a producer may have waiting; ``share_bytes``: its share of the store (None: unknown)."""
         if self.fixed is not None:
             return self.fixed
         with self._lock:
-            size = self._object_bytes
+            size = self._batch_bytes
+        size = size and producer.largest_bundle(size, pair_limit(share_bytes))
         if not size:
             return FEWEST
         ahead = AHEAD_BYTES if not share_bytes else min(AHEAD_BYTES, share_bytes)
@@ -59,3 +61,12 @@ class Inflight:
 def share(budget_bytes, producers):
     """A producer's share of ``budget_bytes`` (a quarter of the store; None: unknown) among ``producers``."""
     return None if not budget_bytes else budget_bytes // max(1, producers)
+
+
+def pair_limit(share_bytes):
+    """The largest batch a producer pairs (producer.py): ``FEWEST`` pairs of it fit ``share_bytes``.
+
+    So whatever its count, a producer's pairs stay within its share of
+    the store. 0 (no pairs) if the share is unknown.
+    """
+    return (share_bytes or 0) // (FEWEST * producer.PAIR)

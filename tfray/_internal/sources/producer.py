@@ -8,13 +8,18 @@ A producer yields its batches in bundles: each object it puts in the store
 is a list of consecutive batches. Every object costs Ray a round of work in
 the producer and in the trainer (its report, ``next``, ``ray.get``: about
 half a millisecond), which small batches would pay one by one. A bundle
-holds at most ``BUNDLE_BATCHES`` batches and ``BUNDLE_BYTES`` (a batch
-over half of that travels alone); the first of an epoch holds one
-batch and each next twice as many, so the first batches are not held back.
-Where bundles close depends on the batches alone, never on timing, so a
-deterministic generator's bundles are the same every epoch (Ray's retry of
-a producer relies on that too: it skips the objects already delivered). A
-batch that waits in a bundle while the generator runs on is copied first.
+holds at most ``BUNDLE_BATCHES`` batches and ``BUNDLE_BYTES``; the first
+of an epoch holds one batch and each next twice as many, so the first
+batches are not held back. A batch over half of ``BUNDLE_BYTES`` goes in a
+pair if it is at most ``pair_limit`` bytes (the trainer sets it so that its
+backpressure's pairs fit the producer's share of the store), else alone:
+a pair costs a copy of its first batch and saves a Ray object, which on
+a saturated machine is cheaper (BUILD_NOTES.md has the figures).
+Where bundles close depends on the batches and ``pair_limit`` alone, never
+on timing, so a deterministic generator's bundles are the same every epoch
+(Ray's retry of a producer relies on that too: it skips the objects
+already delivered). A batch that waits in a bundle while the generator
+runs on is copied first.
 """
 
 import copy
@@ -22,6 +27,8 @@ import copy
 # A bundle's bounds (see above).
 BUNDLE_BATCHES = 256
 BUNDLE_BYTES = 4 << 20
+# The batches of a pair: how many a bundle may hold past BUNDLE_BYTES.
+PAIR = 2
 
 
 def nbytes(batch):
@@ -33,11 +40,16 @@ def nbytes(batch):
     return getattr(batch, "nbytes", 0)
 
 
-def largest_bundle(batch_bytes):
+def largest_bundle(batch_bytes, pair_limit=0):
     """The bytes of the largest bundle that batches of ``batch_bytes`` make (see bundles)."""
     if batch_bytes > BUNDLE_BYTES // 2:
-        return batch_bytes
+        return PAIR * batch_bytes if batch_bytes <= pair_limit else batch_bytes
     return min(BUNDLE_BATCHES, BUNDLE_BYTES // max(1, batch_bytes)) * batch_bytes
+
+
+def _room(held, count, size, pair_limit):
+    """Whether a bundle of ``count`` batches and ``held`` bytes takes a batch of ``size`` more."""
+    return held + size <= BUNDLE_BYTES or (count < PAIR and max(held, size) <= pair_limit)
 
 
 class _StopCheck:
@@ -62,7 +74,7 @@ class _StopCheck:
         return self._reply.result()
 
 
-def bundles(batches, stop):
+def bundles(batches, stop, pair_limit=0):
     """The bundles of ``batches`` (see above), until they end or ``stop`` is requested."""
     bundle, held, most = [], 0, 1
     while True:
@@ -75,14 +87,15 @@ def bundles(batches, stop):
                 yield bundle
             raise
         size = nbytes(batch)
-        if bundle and held + size > BUNDLE_BYTES:  # With it, the bundle would pass the bound.
+        if bundle and not _room(held, len(bundle), size, pair_limit):  # It would pass the bound.
             yield bundle
             bundle, held, most = [], 0, min(2 * most, BUNDLE_BATCHES)
         bundle.append(batch)
         held += size
         # Closed once another batch of this size would pass the bound: a
-        # batch over half of it goes at once, not after the next is made.
-        if len(bundle) >= most or held + size > BUNDLE_BYTES:
+        # batch over half of it, unpaired, goes at once, not after the next
+        # is made.
+        if len(bundle) >= most or not _room(held, len(bundle), size, pair_limit):
             yield bundle
             bundle, held, most = [], 0, min(2 * most, BUNDLE_BATCHES)
         else:
@@ -96,7 +109,7 @@ def bundles(batches, stop):
         yield bundle
 
 
-def run_shard(fn, shard, board, token):
+def run_shard(fn, shard, board, token, pair_limit=0):
     batches = fn(shard)
     if not hasattr(batches, "__next__"):  # A function that returned a batch, or a list.
         # generators.NOT_A_GENERATOR's words: this module imports nothing.
@@ -106,7 +119,7 @@ def run_shard(fn, shard, board, token):
             f"returned a {type(batches).__name__}."
         )
     try:
-        yield from bundles(batches, _StopCheck(board, token))
+        yield from bundles(batches, _StopCheck(board, token), pair_limit)
     finally:
         close = getattr(batches, "close", None)
         if close is not None:  # Runs the generator's own finally blocks now.
