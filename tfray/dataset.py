@@ -193,8 +193,10 @@ class Dataset(dataset_ops.DatasetSource):
             max_inflight_per_producer: bundles a producer may have waiting in
                 the object store before it pauses (Ray's generator
                 backpressure). A producer puts consecutive batches in the store
-                together, 1, 2, 4, ... up to 256 in a bundle and at most 4 MB
-                (a batch over 2 MB travels alone). tfray also resolves up to this
+                together, 1, 2, 4, ... up to 256 in a bundle and at most 4 MB;
+                batches over 2 MB go in pairs, or alone where two pairs would
+                not fit a producer's share of the store (a quarter of it over
+                the running producers). tfray also resolves up to this
                 many bundles per producer ahead of the consumer. None (the
                 default): as many as fit in 256 MB per producer and in a
                 quarter of the object store over the running producers, 2 to

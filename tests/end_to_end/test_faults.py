@@ -101,7 +101,9 @@ def test_generators_into_a_nearly_full_store_are_held_back_not_failed():
 
     ds = tfray.Dataset.from_generators(gen, shards, deterministic=True)
     got = [int(b[0]) for b in ds]
-    assert got == [s * 100 + i for i in range(per_shard) for s in range(shards)]
+    # In turns a bundle at a time: the first batch alone, then pairs (producer.py).
+    bundles = [range(0, 1)] + [range(i, i + 2) for i in range(1, per_shard - 1, 2)] + [range(per_shard - 1, per_shard)]
+    assert got == [s * 100 + i for bundle in bundles for s in range(shards) for i in bundle]
     assert shards * per_shard * 4 * MB > 4 * free
     del ballast, ds
     gc.collect()
@@ -149,7 +151,7 @@ class _InterruptAt(keras.callbacks.Callback):
         threading.Thread(target=signal.pthread_kill, args=(main, signal.SIGINT)).start()
 
 
-PAD = 3 << 20  # Over half of producer.BUNDLE_BYTES: a batch travels alone.
+PAD = 3 << 20  # Over half of producer.BUNDLE_BYTES: a batch travels alone or in a pair.
 
 
 def _generated_batches(ends):
@@ -157,9 +159,10 @@ def _generated_batches(ends):
 
     A producer that returns appends to the file ``ends`` how many it made.
     Each batch carries ``PAD`` bytes the model never reads, over half a
-    bundle's bound, so that each travels alone (producer.py bundles smaller
-    ones) and the look-ahead, bounded by bytes, stays well short of a
-    shard: else a whole shard is made before fit has even traced its step.
+    bundle's bound, so that it travels alone or in a pair (producer.py
+    bundles smaller ones by the hundred) and the look-ahead, bounded by
+    bytes, stays well short of a shard: else a whole shard is made before
+    fit has even traced its step.
     """
 
     def shard_batches(shard):
