@@ -281,14 +281,18 @@ def default_backpressure(batch):
     """The backpressure tfray's ``from_generators`` gives each producer of ``batch`` by default.
 
     Read from tfray's own rule (its producers' count of objects waiting
-    unconsumed), so that Ray's loop runs its tasks exactly as tfray does.
+    unconsumed), so that Ray's loop runs its tasks as tfray does: where
+    tfray pairs big batches, as many batches ahead as tfray's pairs hold.
     """
-    from tfray._internal.sources import inflight
+    from tfray._internal.sources import inflight, producer
     from tfray._internal.sources.base import default_budget
 
     count = inflight.Inflight()
     count.learn([batch])
-    return count.count(inflight.share(default_budget(), GENERATOR_PRODUCERS))
+    share = inflight.share(default_budget(), GENERATOR_PRODUCERS)
+    size = producer.nbytes(batch)
+    paired = size > producer.BUNDLE_BYTES // 2 and size <= inflight.pair_limit(share)
+    return count.count(share) * (producer.PAIR if paired else 1)
 
 
 class RayLoop:
