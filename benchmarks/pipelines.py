@@ -291,7 +291,7 @@ def default_backpressure(batch):
     count.learn([batch])
     share = inflight.share(default_budget(), GENERATOR_PRODUCERS)
     size = producer.nbytes(batch)
-    paired = size > producer.BUNDLE_BYTES // 2 and size <= inflight.pair_limit(share)
+    paired = size > producer.BUNDLE_BYTES // 2 and size <= count.pair_limit(share)
     return count.count(share) * (producer.PAIR if paired else 1)
 
 

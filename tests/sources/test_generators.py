@@ -63,7 +63,7 @@ def test_batches_over_2_mb_go_in_pairs_that_fit_the_producers_share(batch_mb, or
     """A pair holds two batches over half a bundle's 4 MB while FEWEST of them fit a producer's share.
 
     The test store (150 MB) gives each of 2 running producers 18.75 MB of
-    its quarter: pairs of batches up to 4.7 MB (inflight.pair_limit).
+    its quarter: pairs of batches up to 4.7 MB (Inflight.pair_limit).
     deterministic=True takes turns a bundle at a time, so the order shows
     the bundles.
     """

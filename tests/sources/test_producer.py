@@ -120,8 +120,9 @@ def test_inflight_as_set_or_by_the_bytes_of_the_batches_an_epoch_read():
     big.learn([{"x": np.zeros(38 * MB, np.uint8), "y": np.zeros(256, np.int32)}])
     assert big.count(256 * MB) == 3  # In pairs.
     assert big.count(1 << 40) == 3  # 256 MB at most, however big the store.
-    assert inflight.pair_limit(256 * MB) == 64 * MB
-    assert inflight.pair_limit(None) == 0
+    assert learned.pair_limit(256 * MB) == 64 * MB  # 2 pairs of 64 MB.
+    assert learned.pair_limit(None) == 0
+    assert inflight.Inflight(8).pair_limit(256 * MB) == 16 * MB  # As set: 8 pairs of 16 MB.
     small = inflight.Inflight()
     small.learn([np.zeros(16 << 10, np.uint8)] * 3)  # Bundles of 256 batches, 4 MB.
     assert small.count(256 * MB) == 16

@@ -283,7 +283,7 @@ class GeneratorShards(BundledRefs):
             self._shards[shard],
             self._board,
             self._token,
-            inflight.pair_limit(self._share),
+            self._inflight.pair_limit(self._share),
         )
 
     def _replace(self, position):

@@ -51,22 +51,23 @@ class Inflight:
             return self.fixed
         with self._lock:
             size = self._batch_bytes
-        size = size and producer.largest_bundle(size, pair_limit(share_bytes))
+        size = size and producer.largest_bundle(size, self.pair_limit(share_bytes))
         if not size:
             return FEWEST
         ahead = AHEAD_BYTES if not share_bytes else min(AHEAD_BYTES, share_bytes)
         return max(FEWEST, min(MOST, ahead // size))
+
+    def pair_limit(self, share_bytes):
+        """The largest batch a producer pairs (producer.py): 0 if the share is unknown.
+
+        As many pairs of it as the producer may have waiting fit
+        ``share_bytes``: ``FEWEST`` by default, whatever the count learned
+        later; the count the user set otherwise.
+        """
+        return (share_bytes or 0) // ((self.fixed or FEWEST) * producer.PAIR)
 
 
 def share(budget_bytes, producers):
     """A producer's share of ``budget_bytes`` (a quarter of the store; None: unknown) among ``producers``."""
     return None if not budget_bytes else budget_bytes // max(1, producers)
 
-
-def pair_limit(share_bytes):
-    """The largest batch a producer pairs (producer.py): ``FEWEST`` pairs of it fit ``share_bytes``.
-
-    So whatever its count, a producer's pairs stay within its share of
-    the store. 0 (no pairs) if the share is unknown.
-    """
-    return (share_bytes or 0) // (FEWEST * producer.PAIR)
