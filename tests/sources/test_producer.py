@@ -80,7 +80,28 @@ def test_batches_over_half_the_byte_bound_go_in_pairs_up_to_the_pair_limit():
     assert sizes(got) == [1, 2, 2, 1, 1, 2]
     assert values == [0, 1, 2, 3, 4, 5, 0, 1, 2]
     assert got[1][1] is refilled and got[1][0] is not refilled  # Held, so copied.
+    # Into the arrays of the last pair's copy, which Ray's put has copied.
+    assert got[2][0] is got[1][0]
     assert got[4][0] is bigger  # Unpaired: it went at once, uncopied.
+
+
+def test_a_held_batch_is_copied_into_the_last_bundles_copy_where_it_matches():
+    """Arrays of the same shape and dtype are refilled, anything else copied afresh."""
+    x = np.zeros((2, 3), np.float32)
+
+    def gen():
+        for i in range(5):
+            x[:] = i
+            # Batch 3's "x" has another shape.
+            yield {"x": np.full(4, 3, np.float32) if i == 3 else x, "i": i, "parts": (x[0].copy(), [np.int64(i)])}
+
+    got, seen = [], []
+    for bundle in producer.bundles(gen(), NeverStopped()):  # Bundles of 1, 2, 2.
+        got.append(bundle)
+        seen += [(float(b["x"].flat[0]), b["i"], float(b["parts"][0][0]), int(b["parts"][1][0])) for b in bundle]
+    assert seen == [(i, i, i, i) for i in range(5)]
+    assert got[2][0]["parts"][0] is got[1][0]["parts"][0]  # Same shape: refilled.
+    assert got[2][0]["x"] is not got[1][0]["x"]  # Another shape: a new copy.
 
 
 def test_a_generator_error_comes_after_the_batches_made_before_it():

@@ -74,9 +74,37 @@ class _StopCheck:
         return self._reply.result()
 
 
+def _copy(batch, spare):
+    """A copy of ``batch``, made in ``spare``'s arrays where they match it.
+
+    ``spare`` is a copy made for an earlier bundle, which Ray's put copied
+    into the store when it was yielded: refilling its arrays spares fresh
+    memory, whose pages the kernel would zero first (over 32 MB, every
+    allocation maps new pages).
+    """
+    kind = type(batch)
+    if kind is not type(spare):
+        return copy.deepcopy(batch)
+    if kind is dict and batch.keys() == spare.keys():
+        return {k: _copy(v, spare[k]) for k, v in batch.items()}
+    if kind in (list, tuple) and len(batch) == len(spare):
+        return kind(_copy(v, w) for v, w in zip(batch, spare))
+    if (
+        kind.__name__ == "ndarray"  # numpy's, which this module does not import.
+        and batch.shape == spare.shape
+        and batch.dtype == spare.dtype
+        and not batch.dtype.hasobject
+    ):
+        spare[...] = batch
+        return spare
+    return copy.deepcopy(batch)
+
+
 def bundles(batches, stop, pair_limit=0):
     """The bundles of ``batches`` (see above), until they end or ``stop`` is requested."""
     bundle, held, most = [], 0, 1
+    # The copies in the bundle being made, and those of the last one yielded.
+    copies, spares = [], []
     while True:
         try:
             batch = next(batches)
@@ -90,6 +118,7 @@ def bundles(batches, stop, pair_limit=0):
         if bundle and not _room(held, len(bundle), size, pair_limit):  # It would pass the bound.
             yield bundle
             bundle, held, most = [], 0, min(2 * most, BUNDLE_BATCHES)
+            copies, spares = [], copies
         bundle.append(batch)
         held += size
         # Closed once another batch of this size would pass the bound: a
@@ -98,11 +127,14 @@ def bundles(batches, stop, pair_limit=0):
         if len(bundle) >= most or not _room(held, len(bundle), size, pair_limit):
             yield bundle
             bundle, held, most = [], 0, min(2 * most, BUNDLE_BATCHES)
+            copies, spares = [], copies
         else:
             # It waits while the generator makes the next: a generator may
             # refill the same arrays for each batch, as it may before Ray's
             # put of a batch yielded alone.
-            bundle[-1] = copy.deepcopy(batch)
+            spare = spares[len(copies)] if len(copies) < len(spares) else None
+            bundle[-1] = _copy(batch, spare)
+            copies.append(bundle[-1])
         if stop.requested():  # Asked after every batch: one may take long.
             return
     if bundle:
