@@ -194,14 +194,14 @@ class Dataset(dataset_ops.DatasetSource):
                 the object store before it pauses (Ray's generator
                 backpressure). A producer puts consecutive batches in the store
                 together, 1, 2, 4, ... up to 256 in a bundle and at most 4 MB;
-                batches over 2 MB go in pairs, or alone where two pairs (this
-                many, if set) would not fit a producer's share of the store (a
-                quarter of it over the running producers). tfray also resolves
-                up to this many bundles per producer ahead of the consumer. None
-                (the default): as many as fit in 256 MB per producer and in a
-                quarter of the object store over the running producers, 2 to 16,
-                from the size of the first batch an epoch reads (2 for producers
-                that start before one is read).
+                batches over 2 MB and up to 16 MB go in pairs, or alone where
+                two pairs (this many, if set) would not fit a producer's share
+                of the store (a quarter of it over the running producers). tfray
+                also resolves up to this many bundles per producer ahead of the
+                consumer. None (the default): as many as fit in 256 MB per
+                producer and in a quarter of the object store over the running
+                producers, 2 to 16, from the size of the first batch an epoch
+                reads (2 for producers that start before one is read).
             deterministic: True interleaves shards round-robin, a bundle at a
                 time (the same order every epoch for deterministic
                 generators); False takes whichever bundle is ready first;

@@ -139,9 +139,10 @@ def test_inflight_as_set_or_by_the_bytes_of_the_batches_an_epoch_read():
     assert learned.count(20 * MB) == 2  # Never fewer than 2.
     big = inflight.Inflight()
     big.learn([{"x": np.zeros(38 * MB, np.uint8), "y": np.zeros(256, np.int32)}])
-    assert big.count(256 * MB) == 3  # In pairs.
-    assert big.count(1 << 40) == 3  # 256 MB at most, however big the store.
-    assert learned.pair_limit(256 * MB) == 64 * MB  # 2 pairs of 64 MB.
+    assert big.count(256 * MB) == 6  # Alone: over PAIR_BYTES.
+    assert big.count(1 << 40) == 6  # 256 MB at most, however big the store.
+    assert learned.pair_limit(256 * MB) == producer.PAIR_BYTES  # 16 MB, though 2 pairs of 64 MB fit.
+    assert learned.pair_limit(48 * MB) == 12 * MB  # 2 pairs of 12 MB.
     assert learned.pair_limit(None) == 0
     assert inflight.Inflight(8).pair_limit(256 * MB) == 16 * MB  # As set: 8 pairs of 16 MB.
     small = inflight.Inflight()

@@ -8,12 +8,12 @@ producers sit paused between looks (BUILD_NOTES.md has the figures).
 
 Unless the user sets ``max_inflight_per_producer``, the count follows the
 bytes: as many objects as fit in ``AHEAD_BYTES`` per producer, and within
-a quarter of the object store over the running producers, from 2 to 16.
-An object's size is that of the largest bundle the batches make (batches
-up to 2 MB go up to 4 MB together; bigger ones in pairs, or alone where 2
-pairs would not fit a producer's share: ``pair_limit``), from the first
-batch an epoch reads. Producers started before any was read (the first ones
-of a new dataset's first epoch) get 2.
+a quarter of the object store over the running producers, from 2 to 16. An
+object's size is that of the largest bundle the batches make (batches up
+to 2 MB go up to 4 MB together; bigger ones up to 16 MB in pairs, or alone
+where 2 pairs would not fit a producer's share: ``pair_limit``), from the
+first batch an epoch reads. Producers started before any was read (the
+first ones of a new dataset's first epoch) get 2.
 """
 
 import threading
@@ -60,11 +60,13 @@ class Inflight:
     def pair_limit(self, share_bytes):
         """The largest batch a producer pairs (producer.py): 0 if the share is unknown.
 
-        As many pairs of it as the producer may have waiting fit
-        ``share_bytes``: ``FEWEST`` by default, whatever the count learned
-        later; the count the user set otherwise.
+        At most ``producer.PAIR_BYTES``, and as many pairs of it as the
+        producer may have waiting fit ``share_bytes``: ``FEWEST`` by
+        default, whatever the count learned later; the count the user set
+        otherwise.
         """
-        return (share_bytes or 0) // ((self.fixed or FEWEST) * producer.PAIR)
+        fitting = (share_bytes or 0) // ((self.fixed or FEWEST) * producer.PAIR)
+        return min(producer.PAIR_BYTES, fitting)
 
 
 def share(budget_bytes, producers):

@@ -11,8 +11,9 @@ half a millisecond), which small batches would pay one by one. A bundle
 holds at most ``BUNDLE_BATCHES`` batches and ``BUNDLE_BYTES``; the first
 of an epoch holds one batch and each next twice as many, so the first
 batches are not held back. A batch over half of ``BUNDLE_BYTES`` goes in a
-pair if it is at most ``pair_limit`` bytes (the trainer sets it so that its
-backpressure's pairs fit the producer's share of the store), else alone:
+pair if it is at most ``pair_limit`` bytes (the trainer sets it, up to
+``PAIR_BYTES``, so that its backpressure's pairs fit the producer's share
+of the store), else alone:
 a pair costs a copy of its first batch and saves a Ray object, which on
 a saturated machine is cheaper (BUILD_NOTES.md has the figures).
 Where bundles close depends on the batches and ``pair_limit`` alone, never
@@ -29,6 +30,10 @@ BUNDLE_BATCHES = 256
 BUNDLE_BYTES = 4 << 20
 # The batches of a pair: how many a bundle may hold past BUNDLE_BYTES.
 PAIR = 2
+# The largest batch worth its copy to share an object: a Ray object costs
+# about 3 ms of CPU over the producer, the raylet and the trainer, and a
+# copy about 1.3 ms per 10 MB (BUILD_NOTES.md).
+PAIR_BYTES = 16 << 20
 
 
 def nbytes(batch):
