@@ -44,8 +44,8 @@ def cpus(request):
 
 # More batches a shard than tfray's look-ahead and Ray's backpressure hold
 # between them: the producers do pause, holding what they reserve. A batch
-# over half a bundle's bound (2 MB, producer.py) is an object of its own, so
-# what they hold is counted in batches; small batches, bundled by the
+# over half a bundle's bound (2 MB, producer.py) travels alone or in a pair,
+# so what they hold is counted in batches; small batches, bundled by the
 # hundred, would let a whole shard be taken and its producer end.
 BATCHES = 40
 ROWS = (2 << 20) // (8 * 4) + 1
