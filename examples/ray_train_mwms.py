@@ -153,9 +153,25 @@ def run(*, rows, batch_size, epochs, storage_path):
     return ray.get(ledger.epochs.remote())
 
 
-def check(reports, *, rows, epochs):
-    """Problems with the coverage or the loss ([] when there are none)."""
+def check(reports, *, rows, epochs, batch_size):
+    """Problems with the coverage, the batches or the loss ([] when there are none)."""
     problems = []
+    missing = sorted({(w, e) for w in range(WORKERS) for e in range(epochs)} - set(reports))
+    if missing:
+        return [f"no report from (worker, epoch) {missing}"]
+    half = rows // WORKERS
+    for (worker, epoch), r in sorted(reports.items()):
+        # Ray Data's equal split: a part each. What tfray delivered is what
+        # the model trained on: nothing read only to be dropped.
+        if len(r["ids"]) != half or r["tfray_batches"] != -(-half // batch_size):
+            problems.append(
+                f"worker {worker} epoch {epoch}: trained on {len(r['ids'])} rows in {r['tfray_batches']} "
+                f"batches, not its {half} rows in {-(-half // batch_size)}"
+            )
+        # A part is read through Ray Data's iter_batches: any copy is Ray
+        # Data's, none tfray's.
+        if r["bytes_copied_by_tfray"]:
+            problems.append(f"worker {worker} epoch {epoch}: tfray copied {r['bytes_copied_by_tfray']} bytes")
     for epoch in range(epochs):
         parts = [set(reports[(w, epoch)]["ids"]) for w in range(WORKERS)]
         if sum(len(p) for p in parts) != len(set().union(*parts)):
@@ -193,7 +209,7 @@ def main():
             f"delivered {r['tfray_batches']} batches, {r['bytes_zero_copy'] / 1e3:.0f} KB "
             f"zero-copy, {r['bytes_copied'] / 1e3:.0f} KB copied"
         )
-    problems = check(reports, rows=args.rows, epochs=args.epochs)
+    problems = check(reports, rows=args.rows, epochs=args.epochs, batch_size=args.batch_size)
     if problems:
         sys.exit("ray_train_mwms: FAILED: " + "; ".join(problems))
     print(

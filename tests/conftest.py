@@ -45,7 +45,12 @@ import ray  # noqa: E402
 OBJECT_STORE_BYTES = 150 * 1024 * 1024
 
 
+# The running Ray if start_ray() started it: its GCS address (None if none).
+_started = {"gcs": None}
+
+
 def start_ray():
+    """A new local Ray with the tests' defaults (2 CPUs, a 150 MB object store)."""
     ray.init(
         # Always a new instance: never join another process's Ray that
         # /tmp/ray/ray_current_cluster points at (e.g. a concurrent test run).
@@ -56,6 +61,7 @@ def start_ray():
         log_to_driver=False,
         configure_logging=False,
     )
+    _started["gcs"] = ray.get_runtime_context().gcs_address
 
 
 # How long the feeders of the iterators a test dropped may take to end:
@@ -157,9 +163,58 @@ def shutdown_ray():
             ray.shutdown()
 
 
+# Actors a Ray session keeps once started, whoever used it: tfray's stop
+# board (sources/stops.py) and Ray Data's statistics and autoscaling actors.
+SESSION_ACTORS = {"StopBoard", "_StatsActor", "_AutoscalingCoordinatorActor"}
+# What those actors may hold in the store (Ray Data's statistics).
+SESSION_STORE_BYTES = 2 * 1024 * 1024
+
+
+def _as_start_ray_left_it(timeout=3.0):
+    """Whether the running Ray is start_ray()'s, with every CPU free and no test's actor or data left.
+
+    Waits up to ``timeout`` s for what a test dropped to go (Ray frees
+    objects and ends tasks and actors asynchronously).
+    """
+    if not ray.is_initialized() or ray.get_runtime_context().gcs_address != _started["gcs"]:
+        return False
+
+    def clean():
+        actors = {a["ActorClassName"] for a in ray._private.state.actors().values() if a["State"] != "DEAD"}
+        return (
+            ray.available_resources().get("CPU", 0) == ray.cluster_resources().get("CPU", 0)
+            and actors <= SESSION_ACTORS
+            and store_bytes_used() <= SESSION_STORE_BYTES
+        )
+
+    deadline = time.monotonic() + timeout
+    while not clean():
+        if time.monotonic() > deadline:
+            return False
+        gc.collect()
+        time.sleep(0.1)
+    return True
+
+
 def _local_ray():
-    shutdown_ray()
-    start_ray()
+    """start_ray()'s Ray, shared while each user leaves it as it found it.
+
+    A start and a shutdown cost about 6 s. A Ray another fixture started,
+    or one still holding objects or CPUs after its user, is shut down: the
+    next user gets a new one.
+    """
+    if not _as_start_ray_left_it(timeout=0):
+        shutdown_ray()
+        start_ray()
+    yield
+    assert_feeders_idle()
+    if not _as_start_ray_left_it():
+        shutdown_ray()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_ray_outlives_the_session():
+    """The shared Ray ends with the test session."""
     yield
     shutdown_ray()
 

@@ -199,7 +199,8 @@ def test_a_blocked_get_next_honours_tf_cancellation():
         time.sleep(60)
         return np.zeros(4, np.float32)
 
-    ds = tfray.Dataset([slow_batch.remote()], element_spec=tf.TensorSpec([None], tf.float32))
+    slow = slow_batch.remote()
+    ds = tfray.Dataset([slow], element_spec=tf.TensorSpec([None], tf.float32))
 
     @tf.function
     def first(d):
@@ -223,3 +224,4 @@ def test_a_blocked_get_next_honours_tf_cancellation():
     assert not consumer.is_alive(), "GetNext ignored the cancellation"
     assert "error" in outcome
     wait_until(lambda: ds.stats()[-1].finished)  # The feeder stopped too.
+    ray.cancel(slow, force=True)  # Its CPU, for the next test.

@@ -22,8 +22,9 @@ cloudpickle.register_pickle_by_value(ray_train_mwms)
 
 # Ray Train starts a controller, its workers and TensorFlow in each: 75-115 s
 # with other work on the machine, and over 240 s (its worker group alone took
-# 3 minutes to start) when that work was several times its 2 cores.
-pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(600, method="thread")]
+# 3 minutes to start) when that work was several times its 2 cores. Slow: the
+# default CI run has `make examples-quick` run the same training and check.
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(600, method="thread"), pytest.mark.slow]
 
 ROWS, BATCH, EPOCHS = 512, 64, 2
 
@@ -32,15 +33,8 @@ def test_two_workers_fit_on_disjoint_halves_covering_every_row(tmp_path):
     """Per epoch: disjoint, complete coverage; tfray delivered every batch whole; the loss fell."""
     reports = ray_train_mwms.run(rows=ROWS, batch_size=BATCH, epochs=EPOCHS, storage_path=str(tmp_path))
 
-    assert sorted(reports) == [(w, e) for w in range(2) for e in range(EPOCHS)]
-    assert ray_train_mwms.check(reports, rows=ROWS, epochs=EPOCHS) == []
-    for report in reports.values():
-        # Ray Data's equal split: half the rows each. What tfray delivered is
-        # what the model trained on: nothing read only to be dropped.
-        assert len(report["ids"]) == ROWS // 2
-        assert report["tfray_batches"] == ROWS // 2 // BATCH
-        # A shard is read through Ray Data's iter_batches: any copy is Ray
-        # Data's, none tfray's. Here every byte is one: blocks of a few KB come
-        # back inline, in the heap (test_ray_data_zero_copy.py has a shard of
-        # big blocks reach TF zero-copy).
-        assert report["bytes_copied_by_tfray"] == 0 and report["bytes_copied"] > 0
+    assert ray_train_mwms.check(reports, rows=ROWS, epochs=EPOCHS, batch_size=BATCH) == []
+    # Blocks of a few KB come back inline, in the heap: every byte is Ray
+    # Data's copy (test_ray_data_zero_copy.py has a shard of big blocks
+    # reach TF zero-copy).
+    assert all(report["bytes_copied"] > 0 for report in reports.values())

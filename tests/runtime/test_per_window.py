@@ -1,8 +1,8 @@
 """tfray's Python in the trainer runs per window of batches, not per batch.
 
-A profiler on every thread tfray starts counts the calls into tfray's own
-modules over an epoch (tests/support/python_calls.py, in a process of its own so
-that it sees the threads start). Were any of tfray's Python to run per batch
+A profiler on every feeder thread tfray starts counts the calls into tfray's
+own modules over an epoch (tests/support/python_calls.py, in a process of its
+own so that it sees the threads start; one process for every case). Were any of tfray's Python to run per batch
 (a spec check, a pin, an entry built per batch), the calls would grow with
 the batches; they grow with the windows. Ray's own calls are reported
 beside them (its deserialization, per object, now only for objects unlike
@@ -55,30 +55,35 @@ def idle_rounds(got):
     return idle
 
 
-def count(batches, window, rows, source="refs"):
-    out = subprocess.run(
-        [sys.executable, SCRIPT, str(batches), str(window), str(rows), source],
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
+# Each test's case: BATCHES,WINDOW,ROWS,SOURCE (tests/support/python_calls.py).
+CASES = {
+    "inline": "3200,256,16,refs",  # 16 KB, in this process's heap.
+    # 140 MB in a 200 MB store: none spilled. Restoring spilled objects
+    # makes the epoch Ray-bound, with windows as short as the restores
+    # allow (a clean-clone CI run saw 1,434 windows for 3,200 batches).
+    "store": "560,256,256,refs",  # 256 KB, in the object store.
+    "generators": "3200,16,16,generators",
+}
+
+
+@pytest.fixture(scope="module")
+def counted():
+    """Every case's counts, by case, from one run of the script."""
+    out = subprocess.run([sys.executable, SCRIPT, *CASES.values()], capture_output=True, text=True, timeout=220)
     assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == len(CASES), out.stdout[-3000:]
+    return dict(zip(CASES, map(json.loads, lines)))
 
 
 @pytest.mark.parametrize(
-    "rows, batches, where",
-    [
-        (16, 3200, "inline (16 KB, in this process's heap)"),
-        # 140 MB in a 200 MB store: none spilled. Restoring spilled objects
-        # makes the epoch Ray-bound, with windows as short as the restores
-        # allow (a clean-clone CI run saw 1,434 windows for 3,200 batches).
-        (256, 560, "in the object store (256 KB, 140 MB of them)"),
-    ],
+    "case, where",
+    [("inline", "inline (16 KB, in this process's heap)"), ("store", "in the object store (256 KB, 140 MB of them)")],
     ids=["inline", "store"],
 )
-def test_tfray_python_runs_per_window_not_per_batch(rows, batches, where):
-    got = count(batches=batches, window=256, rows=rows)
+def test_tfray_python_runs_per_window_not_per_batch(counted, case, where):
+    got = counted[case]
+    batches, _, rows, _ = (int(x) if x.isdigit() else x for x in CASES[case].split(","))
     print(
         f"{where}: {got['batches']} batches in {got['windows']} windows; calls into "
         f"tfray {got['tfray']} ({got['tfray'] / got['batches']:.3f} a batch), into Ray "
@@ -98,8 +103,8 @@ def test_tfray_python_runs_per_window_not_per_batch(rows, batches, where):
         assert got["ray"] < got["batches"], got
 
 
-def test_from_generators_python_runs_per_bundle_not_per_batch():
-    got = count(batches=3200, window=16, rows=16, source="generators")
+def test_from_generators_python_runs_per_bundle_not_per_batch(counted):
+    got = counted["generators"]
     per_batch = {k: round(got[k] / got["batches"], 3) for k in ("tfray", "ray")}
     print(
         f"from_generators (16 KB): {got['batches']} batches in {got['bundles']} bundles, "

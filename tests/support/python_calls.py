@@ -1,16 +1,18 @@
-"""Counts the Python calls tfray's threads make in the trainer over one epoch.
+"""Counts the Python calls tfray's threads make in the trainer over an epoch.
 
 Run as a script (by test_per_window.py): a profiler set before tfray starts
-any thread sees every call on tfray's threads (dispatcher, feeders, release
-thread). Prints one JSON line: batches read, calls into tfray's own modules
-and into Ray's, tfray's calls into Ray's by name, the windows the feeder
-pushed and, for ``from_generators``, the producers' bundles it read.
+a feeder sees every call on tfray's feeder threads. For each case, prints
+one JSON line: batches read, calls into tfray's own modules and into Ray's,
+tfray's calls into Ray's by name, the windows the feeder pushed and, for
+``from_generators``, the producers' bundles it read.
 
-    python python_calls.py BATCHES WINDOW ROWS [refs|generators]
+    python python_calls.py BATCHES,WINDOW,ROWS,SOURCE ...
 
 ``refs``: a list of BATCHES refs, ``max_inflight=WINDOW``; ``generators``:
 two producers yielding BATCHES between them, ``max_inflight_per_producer=WINDOW``.
-Each batch is ROWS x 256 float32.
+Each batch is ROWS x 256 float32. The cases run one after another in one
+process and one Ray (a process and a Ray each would cost seconds more a
+case); the counts start afresh for each.
 """
 
 import functools
@@ -24,7 +26,7 @@ import ray
 import tensorflow as tf
 
 import tfray
-from tfray._internal.runtime import feeder
+from tfray._internal.runtime import feeder, runtime
 from tfray._internal.runtime import ray_api as tfray_ray_api
 
 TFRAY = os.path.dirname(tfray.__file__)
@@ -98,30 +100,48 @@ def produce(shard, batches, rows):
     yield from made  # Made before the first yield: the epoch times delivery alone.
 
 
-def main(batches, window, rows, source="refs"):
-    batches, window, rows = int(batches), int(window), int(rows)
-    ray.init(address="local", num_cpus=1, object_store_memory=200 << 20, include_dashboard=False)
+def dataset(batches, window, rows, source):
     if source == "refs":
         refs = [ray.put(np.full((rows, 256), i, np.float32)) for i in range(batches)]
-        ds = tfray.Dataset(refs, max_inflight=window)
-    else:
-        ds = tfray.Dataset.from_generators(
-            functools.partial(produce, batches=batches // 2, rows=rows),
-            2,
-            max_inflight_per_producer=window,
-            element_spec=tf.TensorSpec((rows, 256), tf.float32),
-        )
+        return tfray.Dataset(refs, max_inflight=window)
+    return tfray.Dataset.from_generators(
+        functools.partial(produce, batches=batches // 2, rows=rows),
+        2,
+        max_inflight_per_producer=window,
+        element_spec=tf.TensorSpec((rows, 256), tf.float32),
+    )
 
-    @tf.function
-    def total(ds):
-        return ds.reduce(tf.constant(0.0), lambda n, b: n + b[0, 0])
 
-    threading.setprofile(profile)  # Every thread tfray starts from here on.
+@tf.function
+def total(ds):
+    return ds.reduce(tf.constant(0.0), lambda n, b: n + b[0, 0])
+
+
+def epoch(ds, batches):
+    """One epoch of ``ds`` read in graph mode: the counts it took."""
+    for table in (ray_api, door):
+        table.clear()
+    counts.update(dict.fromkeys(counts, 0))
     got = float(total(ds))
-    threading.setprofile(None)
     assert got == sum(range(batches)), got
     stats = ds.stats()[-1]
-    print(json.dumps(dict(counts, ray_api=ray_api, door=door, batches=stats.batches, copied=stats.bytes_copied_by_tfray)))
+    return dict(counts, ray_api=dict(ray_api), door=dict(door), batches=stats.batches, copied=stats.bytes_copied_by_tfray)
+
+
+def main(*cases):
+    ray.init(address="local", num_cpus=1, object_store_memory=200 << 20, include_dashboard=False)
+    for i, case in enumerate(cases):
+        batches, window, rows, source = case.split(",")
+        batches = int(batches)
+        ds = dataset(batches, int(window), int(rows), source)
+        if i == 0:
+            # Every thread tfray starts from here on: the first dataset
+            # started the runtime's own threads, which are not counted.
+            threading.setprofile(profile)
+        print(json.dumps(epoch(ds, batches)), flush=True)
+        del ds  # Its batches leave the store before the next case's.
+        assert runtime.get().feeders.wait_idle(30), "a feeder still runs after its epoch"
+    threading.setprofile(None)
     ray.shutdown()
 
 
