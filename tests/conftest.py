@@ -1,4 +1,4 @@
-"""Shared fixtures: one small local Ray per test module, and polling helpers."""
+"""Shared fixtures: a small local Ray that test modules share while they leave it clean, and polling helpers."""
 
 import collections
 import contextlib
