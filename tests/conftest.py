@@ -196,7 +196,8 @@ def _as_start_ray_left_it(timeout=3.0):
     return True
 
 
-def _local_ray():
+@contextlib.contextmanager
+def shared_ray():
     """start_ray()'s Ray, shared while each user leaves it as it found it.
 
     A start and a shutdown cost about 6 s. A Ray another fixture started,
@@ -222,13 +223,15 @@ def no_ray_outlives_the_session():
 @pytest.fixture(scope="module")
 def ray_session():
     """A local Ray for this module (2 CPUs, a 150 MB object store)."""
-    yield from _local_ray()
+    with shared_ray():
+        yield
 
 
 @pytest.fixture
 def fresh_ray():
     """A local Ray for one test, for tests that shut it down."""
-    yield from _local_ray()
+    with shared_ray():
+        yield
 
 
 @contextlib.contextmanager

@@ -29,6 +29,10 @@ STALL_S = 20
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1cpu", "2cpus"])
 def cpus(request):
+    if request.param == 2:  # start_ray()'s, which other modules share.
+        with conftest.shared_ray():
+            yield request.param
+        return
     conftest.shutdown_ray()
     ray.init(
         address="local",

@@ -163,8 +163,19 @@ def test_tfrays_own_ray_calls_never_start_a_ray_after_a_shutdown(fresh_ray):
         assert not ray.is_initialized(), name
 
 
-@pytest.mark.parametrize("source", ["refs", "generators"])
-def test_a_shutdown_never_overtakes_a_call_of_tfrays(source):
+RACE_SOURCES = ["refs", "generators"]
+
+
+@pytest.fixture(scope="module")
+def race():
+    """tests/support/shutdown_race.py's run over every source (one process): (exit status, lines, stderr)."""
+    script = os.path.join(os.path.dirname(os.path.dirname(__file__)), "support", "shutdown_race.py")
+    proc = subprocess.run([sys.executable, script, *RACE_SOURCES], capture_output=True, text=True, timeout=200)
+    return proc.returncode, proc.stdout.strip().splitlines(), proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("source", RACE_SOURCES)
+def test_a_shutdown_never_overtakes_a_call_of_tfrays(race, source):
     """ray.shutdown() while a feeder's Ray call is under way: no crash, the documented error.
 
     tests/support/shutdown_race.py widens the window between Ray's is-connected
@@ -173,9 +184,6 @@ def test_a_shutdown_never_overtakes_a_call_of_tfrays(source):
     yet or already shutdown"), as it did before tfray made its calls under
     Ray's connect/shutdown lock.
     """
-    script = os.path.join(os.path.dirname(os.path.dirname(__file__)), "support", "shutdown_race.py")
-    proc = subprocess.run([sys.executable, script, source], capture_output=True, text=True, timeout=150)
-    last = (proc.stdout.strip().splitlines() or ["(nothing: the process died)"])[-1]
-    assert proc.returncode == 0 and last == f"{source}: UnavailableError", (
-        f"exit status {proc.returncode}; {last}\n{proc.stderr[-3000:]}"
-    )
+    code, lines, err = race
+    mine = [line for line in lines if line.startswith(f"{source}: ")] or ["(nothing: the process died)"]
+    assert mine == [f"{source}: UnavailableError"] and code == 0, f"exit status {code}; {mine[-1]}\n{err}"

@@ -1,6 +1,7 @@
 """A ``ray.shutdown()`` that overtakes a Ray call a tfray thread has begun.
 
-Run as a script (tests/runtime/test_shutdown.py): ``python shutdown_race.py SOURCE``.
+Run as a script (tests/runtime/test_shutdown.py): ``python shutdown_race.py SOURCE ...``,
+one Ray session per source, one after another.
 Ray's ``shutdown`` marks the worker disconnected, shuts the core worker
 down (``shutdown_driver``), then drops it: a call that passed Ray's
 is-connected check before and reaches the core worker in between ends the
@@ -10,8 +11,9 @@ shutdown, a core worker call from a tfray thread waits until the core
 worker is shut down (up to ``HOLD_S``), and the shutdown lingers there
 (``LINGER_S``). tfray must keep the shutdown from starting while its call
 is under way, and its reader must then get the documented
-``UnavailableError``: the script exits 0 then, 1 on any other outcome, and
-the process dies in Ray if the shutdown overtakes the call.
+``UnavailableError``: the script prints ``SOURCE: UnavailableError`` for
+each and exits 0 then, 1 on any other outcome, and the process dies in Ray
+if the shutdown overtakes the call.
 """
 
 import sys
@@ -76,9 +78,10 @@ def dataset(source):
     return tfray.Dataset.from_generators(produce, 2, element_spec=spec, ray_remote_args={"num_cpus": 0})
 
 
-def main(source):
+def race(source):
     ray.init(address="local", num_cpus=2, object_store_memory=80 << 20, include_dashboard=False, log_to_driver=False)
-    it = iter(dataset(source))
+    ds = dataset(source)
+    it = iter(ds)
     got = {}
 
     def read():
@@ -92,15 +95,18 @@ def main(source):
 
     reader = threading.Thread(target=read)
     reader.start()
-    time.sleep(3)  # The feeder polls its refs, in calls into Ray.
+    deadline = time.monotonic() + 60
+    while not (ds.stats() and ds.stats()[-1].get_next_calls) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1)  # The reader waits, and its feeder polls in calls into Ray.
     worker = ray._private.worker.global_worker
     widened = worker.core_worker = Widened(worker.core_worker)
     widened.begun.set()
     ray.shutdown()
     reader.join(60)
     print(f"{source}: {got.get('result', 'no result: the reader hangs')}", flush=True)
-    return 0 if got.get("result") == "UnavailableError" else 1
+    return got.get("result") == "UnavailableError"
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(0 if all([race(source) for source in sys.argv[1:]]) else 1)
