@@ -72,4 +72,3 @@ class Inflight:
 def share(budget_bytes, producers):
     """A producer's share of ``budget_bytes`` (a quarter of the store; None: unknown) among ``producers``."""
     return None if not budget_bytes else budget_bytes // max(1, producers)
-

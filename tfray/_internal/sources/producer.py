@@ -13,9 +13,8 @@ of an epoch holds one batch and each next twice as many, so the first
 batches are not held back. A batch over half of ``BUNDLE_BYTES`` goes in a
 pair if it is at most ``pair_limit`` bytes (the trainer sets it, up to
 ``PAIR_BYTES``, so that its backpressure's pairs fit the producer's share
-of the store), else alone:
-a pair costs a copy of its first batch and saves a Ray object, which on
-a saturated machine is cheaper (BUILD_NOTES.md has the figures).
+of the store), else alone: a pair costs a copy of its first batch and
+saves a Ray object, which costs more (BUILD_NOTES.md has the figures).
 Where bundles close depends on the batches and ``pair_limit`` alone, never
 on timing, so a deterministic generator's bundles are the same every epoch
 (Ray's retry of a producer relies on that too: it skips the objects
