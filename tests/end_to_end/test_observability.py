@@ -59,8 +59,16 @@ def test_verdict_not_input_bound_when_the_consumer_is_slow():
 
 def test_get_next_waits_show_in_the_profiler_trace(tmp_path):
     """GetNext's wait is a named span in the TensorFlow profiler's trace."""
-    refs = [ray.put(np.zeros((64, 64), np.float32)) for _ in range(4)]
-    ds = tfray.Dataset(refs)
+
+    @ray.remote(num_cpus=0)
+    def late():
+        time.sleep(2)
+        return np.zeros((64, 64), np.float32)
+
+    # The first batch is made after the first GetNext starts to wait for it
+    # (a batch already in the channel is no wait, and has no span).
+    refs = [late.remote()] + [ray.put(np.zeros((64, 64), np.float32)) for _ in range(3)]
+    ds = tfray.Dataset(refs, element_spec=tf.TensorSpec([64, 64], tf.float32))  # No batch read to infer it.
     tf.profiler.experimental.start(str(tmp_path))
     try:
         assert sum(1 for _ in ds) == 4
@@ -69,4 +77,5 @@ def test_get_next_waits_show_in_the_profiler_trace(tmp_path):
     traces = glob.glob(os.path.join(str(tmp_path), "**", "*.xplane.pb"), recursive=True)
     assert traces, "the profiler wrote no trace"
     contents = b"".join(open(path, "rb").read() for path in traces)
+    assert ds.stats()[-1].consumer_wait_s > 1  # Precondition: GetNext waited.
     assert b"TfrayWaitForBatch" in contents

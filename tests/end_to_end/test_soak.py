@@ -64,7 +64,7 @@ def _thread_names():
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 names.append(f.read().strip())
-        except FileNotFoundError:  # It ended meanwhile.
+        except (FileNotFoundError, ProcessLookupError):  # It ended meanwhile (ESRCH once open).
             pass
     return names
 
