@@ -109,6 +109,14 @@ def bundles(batches, stop, pair_limit=0):
     bundle, held, most = [], 0, 1
     # The copies in the bundle being made, and those of the last one yielded.
     copies, spares = [], []
+
+    def closed():
+        """The bundle made so far; the next one starts empty, up to twice its count."""
+        nonlocal bundle, held, most, copies, spares
+        done, bundle, held, most = bundle, [], 0, min(2 * most, BUNDLE_BATCHES)
+        copies, spares = [], copies
+        return done
+
     while True:
         try:
             batch = next(batches)
@@ -120,18 +128,14 @@ def bundles(batches, stop, pair_limit=0):
             raise
         size = nbytes(batch)
         if bundle and not _room(held, len(bundle), size, pair_limit):  # It would pass the bound.
-            yield bundle
-            bundle, held, most = [], 0, min(2 * most, BUNDLE_BATCHES)
-            copies, spares = [], copies
+            yield closed()
         bundle.append(batch)
         held += size
         # Closed once another batch of this size would pass the bound: a
         # batch over half of it, unpaired, goes at once, not after the next
         # is made.
         if len(bundle) >= most or not _room(held, len(bundle), size, pair_limit):
-            yield bundle
-            bundle, held, most = [], 0, min(2 * most, BUNDLE_BATCHES)
-            copies, spares = [], copies
+            yield closed()
         else:
             # It waits while the generator makes the next: a generator may
             # refill the same arrays for each batch, as it may before Ray's
