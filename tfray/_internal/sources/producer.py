@@ -84,7 +84,11 @@ def _copy(batch, spare):
     ``spare`` is a copy made for an earlier bundle, which Ray's put copied
     into the store when it was yielded: refilling its arrays spares fresh
     memory, whose pages the kernel would zero first (over 32 MB, every
-    allocation maps new pages).
+    allocation maps new pages). Ray serializes a yielded value, into the
+    store or into the reply it inlines, before it resumes the generator
+    (``execute_streaming_generator_sync`` in Ray's ``_raylet.pyx``; its
+    async twin waits for the same reason): refilling ``spare`` cannot
+    change an object already made.
     """
     kind = type(batch)
     if kind is not type(spare):
