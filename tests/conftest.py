@@ -294,7 +294,8 @@ def wait_store_back_to(baseline, timeout=20.0):
         from ray._private.internal_api import memory_summary
 
         try:
-            held = memory_summary(stats_only=False)
+            # This Ray's: the machine may run others.
+            held = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=False)
         except Exception as e:  # The summary is only a diagnosis.
             held = f"(no object list: {type(e).__name__}: {e})"
         raise AssertionError(
