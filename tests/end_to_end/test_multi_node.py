@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import ray
 import tensorflow as tf
-from conftest import two_node_cluster
+from conftest import two_node_cluster, wait_until
 from support.dlpack_util import assert_zero_copy, data_pointer
 
 import tfray
@@ -28,6 +28,11 @@ def cluster():
     """A head node (the driver's) and a producer node, 1 CPU each."""
     with two_node_cluster(STORE_BYTES, PRODUCER) as (cluster, _):
         yield cluster
+
+
+def _copies(refs):
+    """The nodes that hold a copy of each of ``refs``, as their owner knows them."""
+    return [set(loc["node_ids"]) for loc in ray.experimental.get_object_locations(refs).values()]
 
 
 def _node_ids(cluster):
@@ -47,8 +52,9 @@ def test_refs_made_on_another_node_are_pulled_and_zero_copy(cluster):
 
     refs = [make.remote(i) for i in range(6)]
     ray.wait(refs, num_returns=len(refs), fetch_local=False)
-    before = ray.experimental.get_object_locations(refs)
-    assert all(set(loc["node_ids"]) == {producer} for loc in before.values())
+    # Raylets tell an owner where its objects' copies are after the fact.
+    wait_until(lambda: all(_copies(refs)))
+    assert all(nodes == {producer} for nodes in _copies(refs))
 
     ds = tfray.Dataset(refs)
     seen = []
@@ -61,8 +67,8 @@ def test_refs_made_on_another_node_are_pulled_and_zero_copy(cluster):
         seen.append(int(batch["id"][0]))
     assert seen == list(range(6))
 
+    wait_until(lambda: all(nodes == {head, producer} for nodes in _copies(refs)))
     after = ray.experimental.get_object_locations(refs)
-    assert all(set(loc["node_ids"]) == {head, producer} for loc in after.values())
     (stats,) = ds.stats()
     assert stats.bytes_copied == 0 and stats.arrays_copied == 0
     assert stats.bytes_zero_copy == 6 * (np.prod(SHAPE) * 4 + 8)
