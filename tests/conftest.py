@@ -300,7 +300,39 @@ def wait_store_back_to(baseline, timeout=20.0):
             held = f"(no object list: {type(e).__name__}: {e})"
         raise AssertionError(
             f"the object store holds {store_bytes_used()} bytes after {timeout} s, not at most {baseline}:\n{held}"
+            f"\n{_held_in_python(held)}"
         ) from None
+
+
+def _held_in_python(listed):
+    """What in this process holds the refs named in ``listed``, and any streaming generator.
+
+    A ref Ray lists as a local reference is held by a Python object, or by
+    Ray itself: this says which.
+    """
+    gc.collect()
+    everything = gc.get_objects()
+    found = [
+        o
+        for o in everything
+        if isinstance(o, ray.ObjectRefGenerator) or isinstance(o, ray.ObjectRef) and o.hex() in listed
+    ]
+    del everything
+    lines = [f"{len(found)} of those refs, or streaming generators, are alive in this process"]
+    shown = found[:20]
+    for obj in shown:
+        holders = []
+        for holder in gc.get_referrers(obj):
+            if holder is found or holder is shown:
+                continue
+            if isinstance(holder, dict):  # An instance's attributes: name the instance.
+                owners = [type(o).__name__ for o in gc.get_referrers(holder) if getattr(o, "__dict__", None) is holder]
+                holders.append(f"dict of {owners or '?'}")
+            else:
+                holders.append(type(holder).__name__)
+        name = obj.hex() if isinstance(obj, ray.ObjectRef) else repr(obj)
+        lines.append(f"  {type(obj).__name__} {name}: held by {holders}")
+    return "\n".join(lines)
 
 
 def store_bytes_created():
