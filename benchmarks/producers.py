@@ -130,7 +130,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default="benchmarks/results/producers.json")
     args = parser.parse_args()
-    ray.init(num_cpus=2, object_store_memory=1500 * MB, include_dashboard=False, log_to_driver=False)
+    # A Ray of its own: never one that another program (or `ray start`) runs here.
+    ray.init(address="local", num_cpus=2, object_store_memory=1500 * MB, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
 
     results = {

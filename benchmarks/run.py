@@ -419,6 +419,7 @@ def start_ray(object_store_bytes=OBJECT_STORE_BYTES):
 
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     ray.init(
+        address="local",  # Its own Ray, never another process's.
         num_cpus=2,
         object_store_memory=object_store_bytes,
         include_dashboard=False,

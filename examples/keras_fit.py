@@ -97,7 +97,8 @@ def main():
     args = parser.parse_args()
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, object_store_memory=300 * 2**20, include_dashboard=False)
+        # A Ray of its own: never one that another program (or `ray start`) runs here.
+        ray.init(address="local", num_cpus=2, object_store_memory=300 * 2**20, include_dashboard=False)
 
     # The tasks run in parallel on Ray's workers; tfray waits for each ref only
     # when training is about to need it, so training starts before all exist.

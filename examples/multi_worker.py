@@ -266,7 +266,8 @@ def main():
     if args.worker:
         train(args.address)
         return
-    ray.init(num_cpus=2, object_store_memory=150 * 1024 * 1024, include_dashboard=False)
+    # A Ray of its own: never one that another program (or `ray start`) runs here.
+    ray.init(address="local", num_cpus=2, object_store_memory=150 * 1024 * 1024, include_dashboard=False)
     try:
         argv = [
             sys.executable,

@@ -142,7 +142,8 @@ def main():
     args = parser.parse_args()
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, object_store_memory=300 * 2**20, include_dashboard=False)
+        # A Ray of its own: never one that another program (or `ray start`) runs here.
+        ray.init(address="local", num_cpus=2, object_store_memory=300 * 2**20, include_dashboard=False)
 
     per_producer = -(-args.batches // args.producers)  # Rounded up.
     cost = augment_ms(args.batch_size)

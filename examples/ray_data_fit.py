@@ -88,7 +88,8 @@ def main():
     args = parser.parse_args()
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, object_store_memory=300 * 2**20, include_dashboard=False)
+        # A Ray of its own: never one that another program (or `ray start`) runs here.
+        ray.init(address="local", num_cpus=2, object_store_memory=300 * 2**20, include_dashboard=False)
     # Quiet: Ray Data would log every epoch's execution plan and progress.
     ray.data.DataContext.get_current().enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)

@@ -193,7 +193,8 @@ def main():
     args = parser.parse_args()
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False)
+        # A Ray of its own: never one that another program (or `ray start`) runs here.
+        ray.init(address="local", num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
 
