@@ -80,6 +80,7 @@ in its block format (Arrow tensor columns), made from the same arrays.
 """
 
 import itertools
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -324,6 +325,10 @@ class RayLoop:
         def __init__(self, generators):
             self._generators = generators
             self._turns = itertools.cycle(generators)
+            # This thread's CPU seconds in the numpy sums: the consumer's own
+            # share of the loop, which TensorFlow's sum in the other
+            # pipelines costs differently (run.py reports both).
+            self.sum_cpu_s = 0.0
 
         def __iter__(self):
             return self
@@ -335,9 +340,11 @@ class RayLoop:
         def consume(self, n):
             total = 0.0
             for batch in itertools.islice(self, n):
+                start = time.thread_time()
                 for array in batch.values():
                     # In the array's own dtype, as TensorFlow's reduce_sum adds.
                     total += float(np.add.reduce(array, axis=None, dtype=array.dtype))
+                self.sum_cpu_s += time.thread_time() - start
             return total
 
         def __del__(self):

@@ -177,6 +177,12 @@ def assemble(results, rss, args, wall_s, machine=None):
             if name.startswith(("tfray_generators", "from_generator_tasks")):
                 # Against Ray's own loop over the same producers: the floor of their path.
                 row["x_ray_loop"] = paired(s, samples.get("ray_loop"))
+            if name == "ray_loop" and s[0].get("sum_cpu_s_per_batch") is not None:
+                # (Runs before the loop timed its sums have neither figure.)
+                row["sum_cpu_ms_per_batch"] = 1e3 * median(s, "sum_cpu_s_per_batch")
+                row["path_cpu_ms_per_batch"] = path_cpu_ms(s)
+            if name.startswith(("tfray_generators", "from_generator_tasks")):
+                row["path_cpu_ms_per_batch"] = path_cpu_ms(s, samples.get("ceiling"))
             rows.append(row)
     return {
         "settings": {
@@ -201,6 +207,27 @@ def assemble(results, rss, args, wall_s, machine=None):
         "rss": rss,
         "targets": targets(rows, rss),
     }
+
+
+def path_cpu_ms(samples, ceiling=None):
+    """The trainer's CPU per batch less its consumer's sum: what the delivery costs it.
+
+    Median over rounds, paired: Ray's loop less its own numpy sums (timed
+    in the loop); a TensorFlow pipeline less the ceiling's CPU in the same
+    round (TensorFlow's sum over tensors already in memory). The two sums
+    cost differently on the same bytes, so the throughput of Ray's loop
+    and of a pipeline into TensorFlow differ by more than their paths.
+    """
+    if samples[0].get("sum_cpu_s_per_batch") is not None:
+        return 1e3 * statistics.median(
+            x["trainer_cpu_s_per_batch"] - x["sum_cpu_s_per_batch"] for x in samples
+        )
+    if not ceiling:
+        return None
+    return 1e3 * statistics.median(
+        x["trainer_cpu_s_per_batch"] - c["trainer_cpu_s_per_batch"]
+        for x, c in zip(samples, ceiling)
+    )
 
 
 def _row(rows, scenario, load, pipeline):
@@ -317,11 +344,11 @@ def table_text(data):
     return text_table(*table_rows(data))
 
 
-def markdown_table(header, lines):
-    """A Markdown table; the first two columns are text, the rest right-aligned figures."""
+def markdown_table(header, lines, text_columns=2):
+    """A Markdown table; the first ``text_columns`` are text, the rest right-aligned figures."""
     out = [
         "| " + " | ".join(header) + " |",
-        "|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|",
+        "|" + "|".join(["---"] * text_columns + ["---:"] * (len(header) - text_columns)) + "|",
     ]
     for cells in lines:
         out.append("| " + " | ".join(cells) + " |")
@@ -537,9 +564,56 @@ def results_markdown(data, chart_name, notes):
             f"{r['before_kb'].get('RssShmem', 0) / 1024:.0f} -> "
             f"{r['after_kb'].get('RssShmem', 0) / 1024:.0f} MB).",
         ]
+    lines += ["", *consumer_markdown(data)]
     lines += ["", NOTES_MARKER, ""]
     text = "\n".join(lines)
     return text + (notes or "")
+
+
+def consumer_markdown(data):
+    """The producers' rows split into the consumer's sum and the path (see path_cpu_ms)."""
+    rows = data["rows"]
+    lines = [
+        "## From producers: the consumer's sum and the path",
+        "",
+        "Ray's own loop sums each batch with numpy; the pipelines into TensorFlow sum",
+        "it with TensorFlow's `reduce_sum`, whose cost on the same bytes differs",
+        "(the ceiling's CPU per batch). On a machine the producers saturate, a",
+        "consumer's every extra millisecond is taken from them, so `x Ray's loop`",
+        "measures the consumers' difference as well as the paths'. Trainer CPU, ms",
+        "per batch, medians over the rounds:",
+        "",
+    ]
+    header = [
+        "scenario",
+        "x Ray's loop",
+        "TF's sum (ceiling)",
+        "numpy's sum (Ray's loop)",
+        "tfray_generators, less TF's sum",
+        "Ray's loop, less numpy's sum",
+    ]
+    table = []
+    for r in rows:
+        if r["pipeline"] != "ray_loop":
+            continue
+        scenario, load = r["scenario"], r["load"]
+        ceiling = _row(rows, scenario, load, "ceiling")
+        ours = _row(rows, scenario, load, "tfray_generators")
+        if None in (ceiling, ours, ours and ours.get("path_cpu_ms_per_batch"), r.get("sum_cpu_ms_per_batch")):
+            continue
+        table.append(
+            [
+                scenario + (" + busy thread" if load == "busy" else ""),
+                _fmt_ratio(ours.get("x_ray_loop")),
+                f"{ceiling['cpu_ms_per_batch']:.3f}",
+                f"{r['sum_cpu_ms_per_batch']:.3f}",
+                f"{ours['path_cpu_ms_per_batch']:.3f}",
+                f"{r['path_cpu_ms_per_batch']:.3f}",
+            ]
+        )
+    if not table:
+        return []
+    return lines + [markdown_table(header, table, text_columns=1)]
 
 
 def write(data, here, *, full, out=None, write_json=True):

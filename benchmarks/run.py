@@ -204,9 +204,11 @@ def measure(dataset, *, busy, seconds, distinct, min_probe_s):
                 break
             probe *= 4 if dt < min_probe_s / 4 else 2
         n = max(distinct, int(round(probe / dt * seconds)))
+        sums = getattr(iterator, "sum_cpu_s", None)
         cpu, busy_cpu = time.process_time(), load.cpu_s()
         dt = run_consume(iterator, n)
         cpu, busy_cpu = time.process_time() - cpu, load.cpu_s() - busy_cpu
+        sums = None if sums is None else iterator.sum_cpu_s - sums
     busy_s = time.perf_counter() - busy_start
     del iterator
     return {
@@ -215,6 +217,8 @@ def measure(dataset, *, busy, seconds, distinct, min_probe_s):
         "batches_per_s": n / dt,
         "cpu_s_per_batch": cpu / n,
         "busy_cpu_s_per_batch": busy_cpu / n,
+        # Ray's loop only: its numpy sums' share of cpu_s_per_batch.
+        "sum_cpu_s_per_batch": None if sums is None else sums / n,
         # How much the busy thread got to run (its loops per second over
         # warm-up, probe and timed run): the GIL and a core it did not get.
         "busy_loops_per_s": load.iterations / busy_s if busy else None,
