@@ -599,7 +599,9 @@ def consumer_markdown(data):
         scenario, load = r["scenario"], r["load"]
         ceiling = _row(rows, scenario, load, "ceiling")
         ours = _row(rows, scenario, load, "tfray_generators")
-        if None in (ceiling, ours, ours and ours.get("path_cpu_ms_per_batch"), r.get("sum_cpu_ms_per_batch")):
+        if ceiling is None or ours is None or r.get("sum_cpu_ms_per_batch") is None:
+            continue
+        if ours.get("path_cpu_ms_per_batch") is None:
             continue
         table.append(
             [

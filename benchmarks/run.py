@@ -15,7 +15,10 @@ Why it is fair:
   adds ``reduce_sum`` of every component to a total, so every byte of every
   batch is read, with no Python per batch. The timer is around the
   ``tf.function`` call alone. Ray's own loop (``ray_loop``), which has no
-  TensorFlow, reads its batches with the same sums in numpy.
+  TensorFlow, reads its batches with the same sums in numpy, and times them:
+  numpy and TensorFlow sum the same bytes at different costs (uint8:
+  numpy's is cheaper), so RESULTS.md also shows each path's trainer CPU
+  less its consumer's sum.
 - **Same conditions.** Each pipeline's iterator is created and warmed up
   (traced, buffers filled, every distinct batch read twice) before the timed
   call, which runs a fixed number of batches chosen from a short probe to take
