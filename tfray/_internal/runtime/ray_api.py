@@ -165,12 +165,40 @@ def poll(refs, timeout, *, fetch_local=True):
         with _LOCK:  # entered(), spelled out (see get).
             if not ray.is_initialized():
                 raise shutdown_error()
-            ready, _ = _wait(refs, num_returns=len(refs), timeout=0, fetch_local=fetch_local)
+            ready = _ready_now(refs, fetch_local)
         left = None if deadline is None else deadline - time.monotonic()
         if ready or (left is not None and left <= 0):
             return ready
         time.sleep(pause if left is None else min(pause, left))
         pause = min(2 * pause, _LAST_PAUSE_S)
+
+
+def _ready_now(refs, fetch_local):
+    """Those of ``refs`` ready now: a ``wait`` with no wait, made holding ``_LOCK`` with Ray up.
+
+    Streaming generators without ``fetch_local`` are read from the core
+    worker's stream instead: whether each one's next item (or its end, or
+    its error) is reported, as Ray's own ``wait`` and ``next`` ask it first
+    (``peek_object_ref_stream``; private names in Ray 2.59 and 2.60). It
+    costs about 2 us against ``wait``'s 30 to 60, and a feeder waiting on
+    producers polls several times a batch. ``wait`` where Ray has no peek.
+    """
+    peek = not fetch_local and getattr(
+        getattr(ray._private.worker.global_worker, "core_worker", None), "peek_object_ref_stream", None
+    )
+    if peek:
+        # Loops, not comprehensions: each of those is a Python call per poll.
+        ready = []
+        for ref in refs:
+            stream = getattr(ref, "_generator_ref", None)
+            if stream is None:  # An ObjectRef: Ray's wait tells.
+                break
+            if peek(stream)[1]:
+                ready.append(ref)
+        else:
+            return ready
+    ready, _ = _wait(refs, num_returns=len(refs), timeout=0, fetch_local=fetch_local)
+    return ready
 
 
 # Refs and producers die with the Ray session that made them: a new
