@@ -45,6 +45,43 @@ def ids(ds):
     return [int(b["x"][0, 0]) for b in ds]
 
 
+@ray.remote(num_returns="streaming", num_cpus=0)
+def _stream(state):
+    if state == "waiting":
+        time.sleep(120)
+    if state == "failed":
+        raise ValueError("a producer's error")
+    if state != "ended":
+        yield 1
+
+
+def test_a_poll_of_producers_streams_tells_what_ray_wait_tells_without_calling_it(monkeypatch):
+    """The feeder's poll of producers' streams reads them (no ``ray.wait``, which costs 15-30x more).
+
+    In each state a stream's next item can be in: not made yet, made, the
+    stream's end, the producer's error.
+    """
+    from tfray._internal.runtime import ray_api
+
+    streams = {state: _stream.remote(state) for state in ("waiting", "made", "ended", "failed")}
+    try:
+        settled = [g for state, g in streams.items() if state != "waiting"]
+        ready, _ = ray.wait(settled, num_returns=len(settled), timeout=60, fetch_local=False)
+        assert len(ready) == len(settled)
+        expected = {state: ray.wait([g], timeout=0, fetch_local=False)[0] == [g] for state, g in streams.items()}
+        assert expected == {"waiting": False, "made": True, "ended": True, "failed": True}
+
+        def no_wait(*args, **kwargs):
+            raise AssertionError("a poll of streams called ray.wait")
+
+        monkeypatch.setattr(ray_api, "_wait", no_wait)
+        got = {state: ray_api.poll([g], 0, fetch_local=False) == [g] for state, g in streams.items()}
+        assert got == expected
+        assert ray_api.poll(list(streams.values()), 0, fetch_local=False) == settled
+    finally:
+        ray.cancel(streams["waiting"])
+
+
 def test_deterministic_round_robin_is_the_same_every_epoch():
     """deterministic=True interleaves running shards in turn, a bundle at a time, every epoch alike."""
     ds = tfray.Dataset.from_generators(counting(4), 2, deterministic=True)

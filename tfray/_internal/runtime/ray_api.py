@@ -153,11 +153,12 @@ def session():
 def poll(refs, timeout, *, fetch_local=True):
     """Those of ``refs`` (ObjectRefs or streaming generators) ready within ``timeout`` s.
 
-    [] if none was; None: no limit. Each poll is a ``wait`` with no wait
-    (so a shutdown never waits on one), and raises the shutdown error once
-    Ray is down; the polls back off from 0.5 ms to 10 ms. ``fetch_local``
-    as ``ray.wait``'s: with it, every poll of an object that exists asks
-    the raylet (an IPC round trip) whether it is local.
+    [] if none was; None: no limit. Each poll asks Ray without waiting
+    (``_ready_now``, so a shutdown never waits on one), and raises the
+    shutdown error once Ray is down; the polls back off from 0.5 ms to
+    10 ms. ``fetch_local`` as ``ray.wait``'s: with it, every poll of an
+    object that exists asks the raylet (an IPC round trip) whether it is
+    local.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = _FIRST_PAUSE_S
