@@ -102,7 +102,7 @@ SCENARIOS = {
     # that augment yield them (images.py). Every batch is float32, so the
     # consumer's sum costs about the same in TensorFlow as in numpy (Ray's
     # loop): TensorFlow's integer sums are not vectorized, and took 2.8 to
-    # 3.7 ms of CPU for 38.5 MB of uint8 where numpy took 1.9 to 2.2.
+    # 3.7 ms of CPU for 38.5 MB of uint8 where numpy took 2.06 to 2.18.
     "38MB": Scenario("38MB", 64, (224, 224, 3), "float32", 8),
     # (c) 16 KB: 16 rows of 256 float32; per-batch overhead dominates.
     # The window (max_inflight) matters here, so a window of all 16 distinct
