@@ -14,7 +14,7 @@ Why it is fair:
   ``while`` loop that takes the next batch from the pipeline's iterator and
   adds ``reduce_sum`` of every component to a total, so every byte of every
   batch is read, with no Python per batch. The timer is around the
-  ``tf.function`` call alone. Ray's own loop (``ray_loop``), which has no
+  ``tf.function`` calls alone. Ray's own loop (``ray_loop``), which has no
   TensorFlow, reads its batches with the same sums in numpy, and times them:
   numpy and TensorFlow sum the same bytes at somewhat different costs (the
   batches are float32, where the two are close; TensorFlow's uint8 sum costs
@@ -23,7 +23,9 @@ Why it is fair:
 - **Same conditions.** Each pipeline's iterator is created and warmed up
   (traced, buffers filled, every distinct batch read twice) before the timed
   call, which runs a fixed number of batches chosen from a short probe to take
-  about ``--seconds``. The pipelines are measured in turn within each round,
+  about ``--seconds`` (repeated while the run has covered less than half of
+  it: a stall during the probe would otherwise leave a run of a fraction of
+  a second, in the stall's wake). The pipelines are measured in turn within each round,
   and the rounds repeat (``--rounds``, default 5), each starting at the next
   pipeline, after a scenario's warm-up rounds (``--warmup-rounds``, default
   2), which are not counted: whichever pipelines ran first would otherwise
@@ -211,10 +213,17 @@ def measure(dataset, *, busy, seconds, distinct, min_probe_s):
             if dt >= min_probe_s or probe >= 1_000_000:
                 break
             probe *= 4 if dt < min_probe_s / 4 else 2
-        n = max(distinct, int(round(probe / dt * seconds)))
+        step = max(distinct, int(round(probe / dt * seconds)))
         sums = getattr(iterator, "sum_cpu_s", None)
         cpu, busy_cpu = time.process_time(), load.cpu_s()
-        dt = run_consume(iterator, n)
+        n, dt = 0, 0.0
+        # A probe that a stall slowed (a producer's Ray worker starting, say)
+        # picks too few batches: the run then goes on, a step at a time,
+        # until it covers at least half of ``seconds``, instead of timing a
+        # fraction of a second right after the stall.
+        while dt < seconds / 2:
+            dt += run_consume(iterator, step)
+            n += step
         cpu, busy_cpu = time.process_time() - cpu, load.cpu_s() - busy_cpu
         sums = None if sums is None else iterator.sum_cpu_s - sums
     busy_s = time.perf_counter() - busy_start
