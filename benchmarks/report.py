@@ -183,6 +183,9 @@ def assemble(results, rss, args, wall_s, machine=None):
                 row["path_cpu_ms_per_batch"] = path_cpu_ms(s)
             if name.startswith(("tfray_generators", "from_generator_tasks")):
                 row["path_cpu_ms_per_batch"] = path_cpu_ms(s, samples.get("ceiling"))
+            if s[0].get("machine_cpu_s_per_batch") is not None:
+                row["machine_cpu_ms_per_batch"] = 1e3 * median(s, "machine_cpu_s_per_batch")
+                row["machine_idle_ms_per_batch"] = 1e3 * median(s, "machine_idle_s_per_batch")
             rows.append(row)
     return {
         "settings": {
@@ -300,6 +303,10 @@ def targets(rows, rss):
 
 def _fmt_ratio(x):
     return "" if x is None else f"{x:.2f}x"
+
+
+def _fmt_ms(value):
+    return "" if value is None else f"{value:.2f}"
 
 
 def table_rows(data):
@@ -581,7 +588,11 @@ def consumer_markdown(data):
         "(the ceiling's CPU per batch). On a machine the producers saturate, a",
         "consumer's every extra millisecond is taken from them, so `x Ray's loop`",
         "measures the consumers' difference as well as the paths'. Trainer CPU, ms",
-        "per batch, medians over the rounds:",
+        "per batch, medians over the rounds; then the whole machine's CPU per batch",
+        "(every process: producers, Ray's, the trainer) and its cores' idle time",
+        "per batch, from `/proc/stat`: with the cores saturated, the rate is the",
+        "cores over the whole machine's CPU a batch takes (on a quiet machine only:",
+        "other work counts too):",
         "",
     ]
     header = [
@@ -591,6 +602,10 @@ def consumer_markdown(data):
         "numpy's sum (Ray's loop)",
         "tfray_generators, less TF's sum",
         "Ray's loop, less numpy's sum",
+        "machine CPU: tfray_generators",
+        "machine CPU: Ray's loop",
+        "idle: tfray_generators",
+        "idle: Ray's loop",
     ]
     table = []
     for r in rows:
@@ -611,6 +626,10 @@ def consumer_markdown(data):
                 f"{r['sum_cpu_ms_per_batch']:.3f}",
                 f"{ours['path_cpu_ms_per_batch']:.3f}",
                 f"{r['path_cpu_ms_per_batch']:.3f}",
+                _fmt_ms(ours.get("machine_cpu_ms_per_batch")),
+                _fmt_ms(r.get("machine_cpu_ms_per_batch")),
+                _fmt_ms(ours.get("machine_idle_ms_per_batch")),
+                _fmt_ms(r.get("machine_idle_ms_per_batch")),
             ]
         )
     if not table:

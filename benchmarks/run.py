@@ -185,6 +185,22 @@ class BusyThread:
             self._thread.join()
 
 
+def machine_cpu_s():
+    """(busy, idle) CPU seconds of the whole machine so far, every core, from /proc/stat.
+
+    (None, None) where there is no /proc/stat. What else runs on the machine
+    counts too: the figures mean something on a quiet machine only.
+    """
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None, None
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields) - idle) / hz, idle / hz
+
+
 def rss_kb():
     """The trainer's resident memory, from /proc/self/status, in kB."""
     fields = {}
@@ -215,7 +231,7 @@ def measure(dataset, *, busy, seconds, distinct, min_probe_s):
             probe *= 4 if dt < min_probe_s / 4 else 2
         step = max(distinct, int(round(probe / dt * seconds)))
         sums = getattr(iterator, "sum_cpu_s", None)
-        cpu, busy_cpu = time.process_time(), load.cpu_s()
+        cpu, busy_cpu, machine = time.process_time(), load.cpu_s(), machine_cpu_s()
         n, dt = 0, 0.0
         # A probe that a stall slowed (a producer's Ray worker starting, say)
         # picks too few batches: the run then goes on, a step at a time,
@@ -225,6 +241,7 @@ def measure(dataset, *, busy, seconds, distinct, min_probe_s):
             dt += run_consume(iterator, step)
             n += step
         cpu, busy_cpu = time.process_time() - cpu, load.cpu_s() - busy_cpu
+        machine = [None if a is None else b - a for a, b in zip(machine, machine_cpu_s())]
         sums = None if sums is None else iterator.sum_cpu_s - sums
     busy_s = time.perf_counter() - busy_start
     del iterator
@@ -234,6 +251,11 @@ def measure(dataset, *, busy, seconds, distinct, min_probe_s):
         "batches_per_s": n / dt,
         "cpu_s_per_batch": cpu / n,
         "busy_cpu_s_per_batch": busy_cpu / n,
+        # Every process's (the producers', Ray's, the trainer's), and the
+        # cores' idle time: where the producers saturate the machine, the
+        # rate is its cores over the CPU a batch takes in all of them.
+        "machine_cpu_s_per_batch": None if machine[0] is None else machine[0] / n,
+        "machine_idle_s_per_batch": None if machine[1] is None else machine[1] / n,
         # Ray's loop only: its numpy sums' share of cpu_s_per_batch.
         "sum_cpu_s_per_batch": None if sums is None else sums / n,
         # How much the busy thread got to run (its loops per second over
