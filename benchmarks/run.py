@@ -22,13 +22,13 @@ Why it is fair:
   consumer's sum.
 - **Same conditions.** Each pipeline's iterator is created and warmed up
   (traced, buffers filled, every distinct batch read twice) before the timed
-  call, which runs a fixed number of batches chosen from a short probe to take
-  about ``--seconds`` (repeated while the run has covered less than half of
-  it: a stall during the probe would otherwise leave a run of a fraction of
-  a second, in the stall's wake). The pipelines are measured in turn within each round,
-  and the rounds repeat (``--rounds``, default 5), each starting at the next
-  pipeline, after a scenario's warm-up rounds (``--warmup-rounds``, default
-  2), which are not counted: whichever pipelines ran first would otherwise
+  calls, each of a number of batches chosen from a short probe to take about
+  ``--seconds``, repeated while they cover less than half of it (a stall
+  during the probe would otherwise leave a run of a fraction of a second).
+  The pipelines are measured in turn within each round, and the rounds
+  repeat (``--rounds``, default 5), each starting at the next pipeline,
+  after a scenario's warm-up rounds (``--warmup-rounds``, default 2), which
+  are not counted: whichever pipelines ran first would otherwise
   pay alone for the object store's fresh pages and Ray's worker start. Each
   figure is the median of its rounds, and each ratio the median over rounds
   of the ratio within a round, so the drifts of this
