@@ -35,6 +35,15 @@ Why it is fair:
   shared machine hit the pipelines compared alike. Ratios to the ceiling use
   the ceiling measured under the same load: a busy thread takes a core from
   TensorFlow too.
+- **Python's collector.** After warm-up, the trainer collects its garbage
+  and freezes what survives (``gc.freeze``) until the timed calls end, so
+  that a collection during them walks only what the pipeline itself makes.
+  Ray asks every worker, the trainer too, for a ``gc.collect()`` at most
+  every 30 s while its object store is over 70% full, as the streaming
+  pipelines keep it at 38 MB; with TensorFlow's objects in the process that
+  took 0.18 to 0.32 s with the GIL held (0.2 to 4 ms frozen), a fifth or
+  more of a timed call, and it fell on whichever pipeline first filled the
+  store after the 30 s: with the round order fixed, mostly the same one.
 - **Busy thread** (``+busy`` scenarios): a thread in the trainer process runs
   ``while not stop: x = sum(range(1000))`` during warm-up and timing: pure
   Python that holds the GIL except when the interpreter forces a switch.
@@ -59,6 +68,7 @@ and ``benchmarks/throughput.png`` (committed) and
 """
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import os
@@ -201,6 +211,17 @@ def machine_cpu_s():
     return (sum(fields) - idle) / hz, idle / hz
 
 
+@contextlib.contextmanager
+def frozen_heap():
+    """Collects garbage, then freezes what survives until the block ends ("Python's collector")."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def rss_kb():
     """The trainer's resident memory, from /proc/self/status, in kB."""
     fields = {}
@@ -223,26 +244,27 @@ def measure(dataset, *, busy, seconds, distinct, min_probe_s):
     busy_start = time.perf_counter()
     with BusyThread(busy) as load:
         run_consume(iterator, 2 * distinct)  # Trace, fill buffers, read every batch twice.
-        probe = distinct
-        while True:
-            dt = run_consume(iterator, probe)
-            if dt >= min_probe_s or probe >= 1_000_000:
-                break
-            probe *= 4 if dt < min_probe_s / 4 else 2
-        step = max(distinct, int(round(probe / dt * seconds)))
-        sums = getattr(iterator, "sum_cpu_s", None)
-        cpu, busy_cpu, machine = time.process_time(), load.cpu_s(), machine_cpu_s()
-        n, dt = 0, 0.0
-        # A probe that a stall slowed (a producer's Ray worker starting, say)
-        # picks too few batches: the run then goes on, a step at a time,
-        # until it covers at least half of ``seconds``, instead of timing a
-        # fraction of a second right after the stall.
-        while dt < seconds / 2:
-            dt += run_consume(iterator, step)
-            n += step
-        cpu, busy_cpu = time.process_time() - cpu, load.cpu_s() - busy_cpu
-        machine = [None if a is None else b - a for a, b in zip(machine, machine_cpu_s())]
-        sums = None if sums is None else iterator.sum_cpu_s - sums
+        with frozen_heap():
+            probe = distinct
+            while True:
+                dt = run_consume(iterator, probe)
+                if dt >= min_probe_s or probe >= 1_000_000:
+                    break
+                probe *= 4 if dt < min_probe_s / 4 else 2
+            step = max(distinct, int(round(probe / dt * seconds)))
+            sums = getattr(iterator, "sum_cpu_s", None)
+            cpu, busy_cpu, machine = time.process_time(), load.cpu_s(), machine_cpu_s()
+            n, dt = 0, 0.0
+            # A probe that a stall slowed (a producer's Ray worker starting, say)
+            # picks too few batches: the run then goes on, a step at a time,
+            # until it covers at least half of ``seconds``, instead of timing a
+            # fraction of a second right after the stall.
+            while dt < seconds / 2:
+                dt += run_consume(iterator, step)
+                n += step
+            cpu, busy_cpu = time.process_time() - cpu, load.cpu_s() - busy_cpu
+            machine = [None if a is None else b - a for a, b in zip(machine, machine_cpu_s())]
+            sums = None if sums is None else iterator.sum_cpu_s - sums
     busy_s = time.perf_counter() - busy_start
     del iterator
     return {
