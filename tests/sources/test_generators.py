@@ -1,6 +1,7 @@
 """tfray.Dataset.from_generators: parallel producers, ordered and bounded."""
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -80,6 +81,82 @@ def test_a_poll_of_producers_streams_tells_what_ray_wait_tells_without_calling_i
         assert ray_api.poll(list(streams.values()), 0, fetch_local=False) == settled
     finally:
         ray.cancel(streams["waiting"])
+
+
+def _pauses_on_this_thread(monkeypatch):
+    """The pauses ``ray_api.poll`` makes on the calling thread, in order, as they are made."""
+    from tfray._internal.runtime import ray_api
+
+    me, pauses, sleep = threading.get_ident(), [], time.sleep
+
+    def noting(seconds):
+        if threading.get_ident() == me:
+            pauses.append(seconds)
+        sleep(seconds)
+
+    monkeypatch.setattr(ray_api.time, "sleep", noting)
+    return pauses
+
+
+def test_a_paced_poll_starts_at_half_its_last_wait_within_poll_s_bounds(monkeypatch):
+    from tfray._internal.runtime import ray_api
+
+    pace = ray_api.Pace()
+    assert pace.first == ray_api._FIRST_PAUSE_S  # Nothing learned: poll's own start.
+    pauses = _pauses_on_this_thread(monkeypatch)
+    stream = _stream.remote("waiting")  # Never ready.
+    try:
+        assert ray_api.poll([stream], 0.05, fetch_local=False, pace=pace) == []
+        assert pace.first == ray_api._FIRST_PAUSE_S  # A poll that found nothing teaches nothing.
+        assert pauses[:3] == [0.0005, 0.001, 0.002]
+        made = _stream.remote("made")
+        started = time.monotonic()
+        assert ray_api.poll([made], 60, fetch_local=False, pace=pace) == [made]
+        waited = time.monotonic() - started
+        assert waited > 2 * ray_api._LAST_PAUSE_S  # A task's start takes longer.
+        assert pace.first == ray_api._LAST_PAUSE_S  # Half its wait, within poll's bound.
+        del pauses[:]
+        assert ray_api.poll([stream], 0.03, fetch_local=False, pace=pace) == []
+        assert pauses[0] == ray_api._LAST_PAUSE_S  # It starts where the last wait said.
+        assert ray_api.poll([made], 0, fetch_local=False, pace=pace) == [made]
+        assert pace.first == ray_api._LAST_PAUSE_S  # Found at once: nothing waited, nothing learned.
+    finally:
+        ray.cancel(stream)
+    pace.waited(0.004)
+    assert pace.first == 0.002  # Shorter waits bring it down.
+    pace.waited(0.0)
+    assert pace.first == ray_api._FIRST_PAUSE_S
+
+
+def test_a_feeder_waiting_on_a_steady_producer_asks_it_less_often(monkeypatch):
+    """An object every 30 ms: polls that each started at 0.5 ms asked 7 times an object in vain.
+
+    Paced by the last wait, 4 (3 pauses of 10 ms, and the turn's ask after
+    each object). Each ask that finds nothing costs the trainer a pause, a
+    wake-up and the GIL.
+    """
+    from tfray._internal.runtime import ray_api
+
+    asks, ready_now = {True: 0, False: 0}, ray_api._ready_now
+
+    def counting(refs, fetch_local):
+        ready = ready_now(refs, fetch_local)
+        asks[bool(ready)] += 1
+        return ready
+
+    def steady(shard):
+        for i in range(15):
+            time.sleep(0.03)
+            yield np.full(640 << 10, i, np.float32)  # 2.5 MB: an object each (no pairs at 16 ahead).
+
+    ds = tfray.Dataset.from_generators(
+        steady, 1, element_spec=tf.TensorSpec([640 << 10], tf.float32), max_inflight_per_producer=16
+    )
+    assert sum(1 for _ in ds) == 15  # Warms the producer's worker up.
+    monkeypatch.setattr(ray_api, "_ready_now", counting)
+    assert sum(1 for _ in ds) == 15
+    assert asks[True] >= 15, asks  # Each object, and the end.
+    assert asks[False] <= 5.5 * asks[True], f"{asks[False] / asks[True]:.1f} asks in vain an object"
 
 
 def test_deterministic_round_robin_is_the_same_every_epoch():

@@ -185,6 +185,7 @@ class GeneratorShards(BundledRefs):
         self._running = []  # (shard index, generator), in rotation order.
         self._turn = 0  # Index into _running of the next round-robin shard.
         self.deterministic = True
+        self._pace = ray_api.Pace()  # How _next_ready's polls start.
         # What close() posts to stop this epoch's producers (see stops.py).
         _check_ray()  # Making the board after ray.shutdown() would start a new Ray.
         self._board = board()
@@ -299,18 +300,19 @@ class GeneratorShards(BundledRefs):
     def _next_ready(self, timeout):
         """The position of a running shard whose next ref (or end) is ready.
 
-        None if none is within ``timeout``. Polls (ray_api.poll): latency
-        only, as producers run ahead meanwhile, up to their backpressure.
+        None if none is within ``timeout``. Polls (ray_api.poll), paced
+        by the epoch's last waits: latency only, as producers run ahead
+        meanwhile, up to their backpressure.
         A generator is ready once its producer reported its next object, as
         for Ray's own ``next``: asking whether that object is local too
         would cost every poll a round trip to the raylet (the resolver's
         get fetches it).
         """
         if self.deterministic:
-            ready = ray_api.poll([self._running[self._turn][1]], timeout, fetch_local=False)
+            ready = ray_api.poll([self._running[self._turn][1]], timeout, fetch_local=False, pace=self._pace)
             return self._turn if ready else None
         generators = [g for _, g in self._running]
-        ready = ray_api.poll(generators, timeout, fetch_local=False)
+        ready = ray_api.poll(generators, timeout, fetch_local=False, pace=self._pace)
         return generators.index(ready[0]) if ready else None
 
 
