@@ -154,11 +154,11 @@ class Pace:
     """How long a poller's ``poll`` pauses first: half of what its last poll that had to wait waited.
 
     Each pause costs the polling thread a wake-up (20 to 60 us of CPU, and
-    the GIL). Producers deliver at a steady pace: starting every poll at
-    0.5 ms asked about four times a batch of 38 MB, starting at half the
-    last wait about twice. A wait that grows or shrinks moves it within a
-    few polls; it stays within poll's 0.5 to 10 ms, so no item waits longer
-    to be seen than without it.
+    the GIL). Producers deliver at a steady pace: a feeder whose polls each
+    started at 0.5 ms asked about four times a batch of 38 MB, paced about
+    twice. A wait that grows or shrinks moves it within a few polls, and it
+    stays within poll's 0.5 to 10 ms: an item is seen within 10 ms, as
+    without it.
     """
 
     def __init__(self):
