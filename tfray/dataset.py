@@ -9,7 +9,7 @@ from tensorflow.python.data.ops import dataset_ops
 from tfray._internal import sources
 from tfray._internal.distribute import auto as distribute
 from tfray._internal.runtime import native, runtime, stats
-from tfray._internal.sources import generators, ray_data
+from tfray._internal.sources import generators, ray_data, tf_data
 from tfray.stats import IteratorStats
 
 
@@ -36,7 +36,8 @@ class Dataset(dataset_ops.DatasetSource):
     - ``ray.ObjectRef``\\ s (a list, or a one-shot iterator): :meth:`from_refs`;
     - a generator function with ``shards=...``: :meth:`from_generators`;
     - a Ray Data ``Dataset`` or ``DataIterator`` (``to_tf``'s keyword options):
-      :meth:`from_ray_data`.
+      :meth:`from_ray_data`;
+    - tf.data pipelines run on the cluster: :meth:`from_tf_data` (only).
 
     Args:
         source: what the batches come from (see above).
@@ -229,6 +230,72 @@ class Dataset(dataset_ops.DatasetSource):
         return cls(fn, **common, **options)
 
     @classmethod
+    def from_tf_data(
+        cls,
+        fn,
+        shards,
+        *,
+        element_spec=None,
+        sharding="auto",
+        input_context=None,
+        max_inflight_per_producer=None,
+        deterministic=None,
+        ray_remote_args=None,
+    ):
+        """A dataset over the batches of tf.data pipelines run on the Ray cluster.
+
+        ``fn(shard)`` builds a ``tf.data.Dataset``: your own input pipeline
+        (``list_files``, ``interleave``, ``map(..., num_parallel_calls=AUTOTUNE)``,
+        ``batch``). Each epoch runs every shard's pipeline in a producer, a
+        streaming Ray task as in :meth:`from_generators`, whose batches go
+        through the object store and reach TensorFlow here without a copy.
+        A producer process imports TensorFlow once and keeps it for the next
+        shards it runs; it needs neither tfray nor its native library.
+
+        The element spec is the pipeline's own: ``fn(shards[0])`` is built
+        here (not run) to read it, so ``fn`` must also work in this process.
+        ``tf.string`` components of shape ``[batch]`` and ``tf.RaggedTensor``
+        components cross the object store as bytes and row splits, copied
+        once, and are rebuilt by a ``map`` here, as for :meth:`from_ray_data`.
+
+        Args:
+            fn: ``fn(shard)`` returning a ``tf.data.Dataset`` whose elements are
+                batches. It runs on Ray workers: it must pickle.
+            shards: an int N (shards ``0..N-1``) or a list of per-shard
+                arguments (e.g. lists of file names).
+            element_spec: see :class:`Dataset`; None: the pipeline's own.
+                Every shard's pipeline must match it.
+            sharding: see :class:`Dataset`; a worker's share is its shards
+                ``index::num_shards``.
+            input_context: see :class:`Dataset`.
+            max_inflight_per_producer: see :meth:`from_generators`.
+            deterministic: see :meth:`from_generators` (the order of the shards'
+                batches; each pipeline's own order is its options').
+            ray_remote_args: options for the producer tasks, e.g.
+                ``{"num_cpus": 4}``: a producer's pipeline runs in
+                TensorFlow's own threads, so say how many CPUs one uses.
+
+        Returns:
+            A ``tfray.Dataset`` of unknown cardinality.
+
+        Examples:
+            >>> def pipeline(shard):
+            ...     files = tf.data.Dataset.list_files(f"/data/train-{shard}-*.jpg", shuffle=False)
+            ...     return files.map(decode, num_parallel_calls=tf.data.AUTOTUNE).batch(64)
+            >>> ds = tfray.Dataset.from_tf_data(pipeline, 8)
+        """
+        if not callable(fn):
+            raise TypeError(f"from_tf_data: fn: expected a function, got {type(fn).__name__}")
+        options = dict(
+            shards=shards,
+            max_inflight_per_producer=max_inflight_per_producer,
+            deterministic=deterministic,
+            ray_remote_args=ray_remote_args,
+        )
+        common = dict(element_spec=element_spec, sharding=sharding, input_context=input_context)
+        return cls(tf_data.Pipelines(fn), **common, **options)
+
+    @classmethod
     def from_ray_data(
         cls,
         ray_ds,
@@ -394,6 +461,8 @@ def _kind(source):
     """The constructor ``source`` is for."""
     if _is_ray_data(source):
         return "from_ray_data"
+    if isinstance(source, tf_data.Pipelines):
+        return "from_tf_data"
     if callable(source) and not isinstance(source, ray.ObjectRef):
         return "from_generators"
     return "from_refs"
@@ -403,6 +472,7 @@ _KINDS = {
     "from_refs": "a list or iterator of ray.ObjectRef",
     "from_generators": "a generator function",
     "from_ray_data": "a ray.data.Dataset or DataIterator",
+    "from_tf_data": "a function building a tf.data.Dataset",
 }
 
 
@@ -426,14 +496,18 @@ def _make_source(source, element_spec, options):
     if kind == "from_refs":
         _refuse(kind, options, sources.refs.OPTIONS)
         return sources.RefsSource(source, element_spec=element_spec, **options)
-    if kind == "from_generators":
-        _refuse(kind, options, generators.OPTIONS)
+    if kind in ("from_generators", "from_tf_data"):
+        _refuse(kind, options, generators.OPTIONS if kind == "from_generators" else tf_data.OPTIONS)
         if "shards" not in options:
             raise TypeError(
                 f"tfray.Dataset: shards: required for {_KINDS[kind]} (see Dataset.{kind})"
             )
         # Its producers are stopped through an actor the runtime keeps.
         session_actor = runtime.get().session_actor
+        if kind == "from_tf_data":
+            return tf_data.TfDataSource(
+                source.fn, element_spec=element_spec, session_actor=session_actor, **options
+            )
         return generators.GeneratorSource(
             source, element_spec=element_spec, session_actor=session_actor, **options
         )

@@ -354,6 +354,17 @@ class _Begun(Wrapped):
 OPTIONS = ("shards", "max_inflight_per_producer", "deterministic", "ray_remote_args")
 
 
+def shard_list(kind, shards):
+    """``shards`` as a list: ``0..N-1`` for an int N; a TypeError / ValueError naming ``kind`` if neither."""
+    if isinstance(shards, bool) or not isinstance(shards, (numbers.Integral, list, tuple)):
+        raise TypeError(f"{kind}: shards must be an int or a list, got {type(shards).__name__}")
+    if isinstance(shards, numbers.Integral):
+        shards = range(positive_int("shards", shards))
+    if not shards:
+        raise ValueError(f"{kind}: shards is empty")
+    return list(shards)
+
+
 class GeneratorSource(Source):
     """``fn(shard)`` generators, each run as a streaming Ray task per epoch."""
 
@@ -371,17 +382,9 @@ class GeneratorSource(Source):
         ray_remote_args=None,
     ):
         if not callable(fn):
-            raise TypeError(f"from_generators: fn must be callable, got {type(fn).__name__}")
+            raise TypeError(f"{self.kind}: fn must be callable, got {type(fn).__name__}")
         check_generator_function(fn)
-        if isinstance(shards, bool) or not isinstance(shards, (numbers.Integral, list, tuple)):
-            raise TypeError(
-                f"from_generators: shards must be an int or a list, got {type(shards).__name__}"
-            )
-        if isinstance(shards, numbers.Integral):
-            shards = range(positive_int("shards", shards))
-        self._shards = list(shards)
-        if not self._shards:
-            raise ValueError("from_generators: shards is empty")
+        self._shards = shard_list(self.kind, shards)
         if deterministic not in (None, True, False):
             raise TypeError(f"deterministic: expected None or a bool, got {deterministic!r}")
         if ray_remote_args is not None and not isinstance(ray_remote_args, dict):
@@ -413,9 +416,13 @@ class GeneratorSource(Source):
         (None if the function has no such name); ``at_once`` is how many
         producers can run together.
         """
-        name = stable_name(self._fn)
-        key = None if name is None else f"generators:{name}:{self._shards!r}"
+        name = self._stable_name()
+        key = None if name is None else f"{self.kind}:{name}:{self._shards!r}"
         return key, len(self._shards), self._at_once()
+
+    def _stable_name(self):
+        """The user's function's name, the same in every process, or None (see stable_name)."""
+        return stable_name(self._fn)
 
     def _at_once(self):
         """How many of an epoch's producers run at once."""
@@ -447,9 +454,13 @@ class GeneratorSource(Source):
         )
 
     def shard(self, num_shards, index):
+        return self._remake(self._shards[index::num_shards])
+
+    def _remake(self, shards):
+        """This source over ``shards`` instead, with its options."""
         return GeneratorSource(
             self._fn,
-            self._shards[index::num_shards],
+            shards,
             element_spec=self._element_spec,
             max_inflight_per_producer=self._per_producer,
             deterministic=self._deterministic,
