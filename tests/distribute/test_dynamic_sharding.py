@@ -160,6 +160,30 @@ def test_generator_shards_are_units_read_once_per_epoch():
             assert sorted(out[epoch]) == sorted(10 * s + j for s in shards for j in range(3))
 
 
+def test_tf_data_shards_are_units_read_once_per_epoch():
+    """from_tf_data: each shard's pipeline runs for one consumer per epoch."""
+
+    def pipeline(shard):
+        return tf.data.Dataset.range(10 * shard, 10 * shard + 3).map(lambda i: {"id": tf.reshape(i, [1])})
+
+    datasets = [
+        tfray.Dataset.from_tf_data(pipeline, 6, sharding="dynamic", ray_remote_args={"num_cpus": 0})
+        for _ in range(2)
+    ]
+    outs = [[], []]
+    threads = [threading.Thread(target=consume, args=(ds, 2, 0.0, out)) for ds, out in zip(datasets, outs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    expected = sorted(10 * shard + j for shard in range(6) for j in range(3))
+    for epoch in range(2):
+        assert sorted(outs[0][epoch] + outs[1][epoch]) == expected
+        for out in outs:
+            shards = {i // 10 for i in out[epoch]}
+            assert sorted(out[epoch]) == sorted(10 * s + j for s in shards for j in range(3))
+
+
 def test_an_iterator_dropped_mid_epoch_leaves_the_rest_to_the_next():
     """Units not taken by TF go back at once; the worker's next iterator finishes that epoch."""
     ds = without_prefetch(tfray.Dataset(make_refs(), sharding=tfray.DynamicSharding(name="test-drop")))

@@ -39,6 +39,11 @@ def env(ray_session):
 
 D = tfray.Dataset
 
+
+def tf_pipeline(shard):
+    return tf.data.Dataset.from_tensors(tf.ones([2, 3]))
+
+
 # (id, call, exception, what the message must say)
 CASES = [
     # tfray.Dataset(source, ...): the source's kind picks the constructor.
@@ -88,6 +93,18 @@ CASES = [
     ("max_inflight_bytes <0", lambda e: D.from_refs(e.refs, max_inflight_bytes=-5), ValueError, "max_inflight_bytes: expected >= 1"),
     ("max_inflight_bytes float", lambda e: D.from_refs(e.refs, max_inflight_bytes=1e6), TypeError, "max_inflight_bytes: expected an int"),
     ("from_refs no refs", lambda e: D.from_refs([]), ValueError, "cannot infer element_spec from no refs; pass element_spec"),
+    # from_tf_data
+    ("tf_data fn int", lambda e: D.from_tf_data(3, 2), TypeError, "from_tf_data: fn: expected a function, got int"),
+    ("tf_data fn not a dataset", lambda e: D.from_tf_data(lambda s: [s], 2), TypeError, "from_tf_data: fn must return a tf.data.Dataset; fn(0) returned a list"),
+    ("tf_data shards bool", lambda e: D.from_tf_data(tf_pipeline, True), TypeError, "from_tf_data: shards must be an int or a list, got bool"),
+    ("tf_data shards empty", lambda e: D.from_tf_data(tf_pipeline, []), ValueError, "from_tf_data: shards is empty"),
+    ("tf_data deterministic str", lambda e: D.from_tf_data(tf_pipeline, 2, deterministic="yes"), TypeError, "deterministic: expected None or a bool"),
+    (
+        "tf_data string of rank 2",
+        lambda e: D.from_tf_data(lambda s: tf.data.Dataset.from_tensors({"s": tf.constant([["a"]])}), 2),
+        TypeError,
+        "from_tf_data: element_spec s: tfray carries string columns of one string per row (shape [None])",
+    ),
     # from_generators
     ("fn int", lambda e: D.from_generators(3, 2), TypeError, "from_generators: fn: expected a generator function, got int"),
     ("fn refs", lambda e: D.from_generators(e.refs, 2), TypeError, "from_generators: fn: expected a generator function, got list"),

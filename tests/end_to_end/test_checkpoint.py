@@ -143,6 +143,22 @@ def test_generators_resume_in_deterministic_mode(ray_session, tmp_path):
     assert _ids(read) + _ids(rest) == expected
 
 
+def test_tf_data_resumes_in_deterministic_mode(ray_session, tmp_path):
+    def pipeline(shard):
+        ids = tf.data.Dataset.range(100 * shard, 100 * shard + 4)
+        return ids.map(lambda i: {"id": tf.fill([2], i)})
+
+    def make():
+        return tfray.Dataset.from_tf_data(pipeline, 3, deterministic=True, ray_remote_args={"num_cpus": 0})
+
+    expected = _ids(list(make()))
+    assert sorted(expected) == sorted(100 * s + j for s in range(3) for j in range(4))
+    path = str(tmp_path / "ckpt")
+    read = _save_after(make(), 5, path)
+    rest = _restore(make(), path)
+    assert _ids(read) + _ids(rest) == expected
+
+
 @pytest.fixture
 def ordered_ray_data():
     with ray_data_in_order():
