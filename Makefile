@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TF_PACKAGE ?= tensorflow-cpu==2.21.*
 PYTEST_ARGS ?=
 
-.PHONY: venv deps build test test-all test-native test-asan test-compat test-sanitized test-mutants demo demo-quick examples-quick bench bench-images clean
+.PHONY: venv deps build test test-all test-native test-asan test-compat test-sanitized test-mutants demo demo-quick examples-quick bench bench-images bench-cluster clean
 
 venv: $(PY)
 
@@ -128,6 +128,13 @@ bench: build
 # minutes; BENCH_ARGS=--quick for about 3.
 bench-images: build
 	$(PY) benchmarks/end_to_end.py $(BENCH_ARGS)
+
+# One tf.data image pipeline on one input core (a Ray node of its own, or a
+# tf.data service worker) feeding a trainer on the other core: local
+# tf.data, tf.data service, tfray's from_tf_data and from_generators.
+# Needs 2 cores and taskset; about 10 minutes; BENCH_ARGS=--quick for 2.
+bench-cluster: build
+	$(PY) benchmarks/cluster.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build *.egg-info tfray/_native*.so tfray/_build_info.py .pytest_cache

@@ -175,12 +175,3 @@ def test_a_batch_waiting_in_a_bundle_is_kept_as_it_was_yielded():
     got = [[int(batch["x"][0]) for batch in bundle] for bundle in bundles]
     assert got == [[0], [1, 2], [3, 4, 5, 6]]
 
-
-def test_fresh_batches_wait_in_a_bundle_uncopied():
-    """A function whose batches are new arrays each time (a tf.data pipeline's) saves the copy."""
-    batches = [{"x": np.full(3, i, np.int64)} for i in range(7)]
-    got = list(producer.bundles(iter(batches), NeverStopped(), fresh=True))
-    assert sizes(got) == [1, 2, 4]
-    assert all(have is want for have, want in zip((b for bundle in got for b in bundle), batches))
-    copied = list(producer.bundles(iter(batches), NeverStopped()))
-    assert copied[1][0] is not batches[1]  # Without ``fresh``, a held batch is copied.

@@ -4,10 +4,8 @@ Each case compares against the reference: the same pipelines iterated by
 plain tf.data in this process.
 """
 
-import concurrent.futures
 import os
 import time
-import types
 
 import numpy as np
 import pytest
@@ -15,7 +13,6 @@ import tensorflow as tf
 from support.dlpack_util import assert_stats_match_addresses, assert_zero_copy
 
 import tfray
-from tfray._internal.sources import pipeline, producer
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
 
@@ -198,22 +195,3 @@ def test_a_worker_reads_only_its_shards_at_the_source():
     auto = tfray.Dataset.from_tf_data(fn, 4, input_context=context, ray_remote_args=NO_CPU)
     assert sorted(by_shard(list(auto))) == [0, 2]
 
-
-def test_a_producer_bundles_the_arrays_tf_data_made_without_copying_them():
-    """A producer's bundles hold the pipeline's own arrays (read-only views of its tensors), not copies.
-
-    Run in this process, with a stop board that never stops it.
-    """
-    never = types.SimpleNamespace(future=concurrent.futures.Future)
-    board = types.SimpleNamespace(wait=types.SimpleNamespace(remote=lambda token: never))
-    fn = counting(rows=2, batches=7)
-    batches = pipeline.PipelineBatches(fn, fn(0).element_spec, [pipeline.DENSE] * 2)
-    # Each bundle read as it is yielded, as Ray's put reads it.
-    bundles = [
-        [(int(b["id"][0]), any(v.flags.writeable for v in b.values())) for b in bundle]
-        for bundle in producer.run_shard(batches, 0, board, token=None)
-    ]
-    assert [len(bundle) for bundle in bundles] == [1, 2, 4]
-    held = [batch for bundle in bundles for batch in bundle]
-    assert [i for i, _ in held] == list(range(0, 14, 2))
-    assert [i for i, copied in held if copied] == [], "these batches were copied"

@@ -10,9 +10,12 @@ run as they would locally). Each element reaches Ray's put as numpy views
 of the tensors TensorFlow made (``as_numpy_iterator``: no copy), in the
 wire form the trainer's op carries: a string component as its bytes and
 row splits, a ragged one as its flat values and row splits (a ``map``
-appended to the pipeline makes them, in TensorFlow's threads). Each
-element's arrays are new buffers that nothing else writes, so the bundles
-need not copy them (``fresh_batches``).
+appended to the pipeline makes them, in TensorFlow's threads).
+
+A batch that waits in a bundle is copied (producer.py), as any
+generator's: held uncopied, its tensor's memory cannot be reused for the
+next batch, and TensorFlow's allocation of fresh pages for it cost the
+producer more than the copy (BUILD_NOTES.md).
 """
 
 STRING = "string"
@@ -30,10 +33,6 @@ class PipelineBatches:
         kinds: per leaf of ``element_spec`` (tf.nest order), how it
             crosses the op: ``DENSE``, ``STRING`` or ``RAGGED``.
     """
-
-    # Each batch is a new buffer that TensorFlow never writes again:
-    # producer.bundles need not copy one that waits in a bundle.
-    fresh_batches = True
 
     def __init__(self, fn, element_spec, kinds):
         self.fn = fn

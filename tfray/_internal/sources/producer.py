@@ -19,9 +19,7 @@ Where bundles close depends on the batches and ``pair_limit`` alone, never
 on timing, so a deterministic generator's bundles are the same every epoch
 (Ray's retry of a producer relies on that too: it skips the objects
 already delivered). A batch that waits in a bundle while the generator
-runs on is copied first, unless the function says its batches are fresh
-(``fresh_batches``: new arrays that nothing writes again, as a tf.data
-pipeline's are).
+runs on is copied first.
 """
 
 import copy
@@ -110,12 +108,8 @@ def _copy(batch, spare):
     return copy.deepcopy(batch)
 
 
-def bundles(batches, stop, pair_limit=0, fresh=False):
-    """The bundles of ``batches`` (see above), until they end or ``stop`` is requested.
-
-    ``fresh``: each batch is new memory that the generator never writes
-    again, so one that waits in a bundle is not copied.
-    """
+def bundles(batches, stop, pair_limit=0):
+    """The bundles of ``batches`` (see above), until they end or ``stop`` is requested."""
     bundle, held, most = [], 0, 1
     # The copies in the bundle being made, and those of the last one yielded.
     copies, spares = [], []
@@ -146,7 +140,7 @@ def bundles(batches, stop, pair_limit=0, fresh=False):
         # is made.
         if len(bundle) >= most or not _room(held, len(bundle), size, pair_limit):
             yield closed()
-        elif not fresh:
+        else:
             # It waits while the generator makes the next: a generator may
             # refill the same arrays for each batch, as it may before Ray's
             # put of a batch yielded alone.
@@ -169,8 +163,7 @@ def run_shard(fn, shard, board, token, pair_limit=0):
             f"returned a {type(batches).__name__}."
         )
     try:
-        fresh = getattr(fn, "fresh_batches", False)
-        yield from bundles(batches, _StopCheck(board, token), pair_limit, fresh)
+        yield from bundles(batches, _StopCheck(board, token), pair_limit)
     finally:
         close = getattr(batches, "close", None)
         if close is not None:  # Runs the generator's own finally blocks now.
