@@ -260,6 +260,7 @@ def main(argv=None):
     if os.cpu_count() < 2:
         raise SystemExit("bench-cluster needs two cores: one for the trainer, one for the input")
     os.sched_setaffinity(0, {TRAINER_CORE})  # Before TensorFlow sizes its thread pools.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Here, in the service and in Ray's workers.
     log = functools.partial(print, flush=True)
     load_at_start = os.getloadavg()
     machine = report.machine_info()
