@@ -220,14 +220,7 @@ class Dataset(dataset_ops.DatasetSource):
             >>> ds = tfray.Dataset.from_generators(read_shard, 4)
         """
         _require_kind("from_generators", "fn", fn)
-        options = dict(
-            shards=shards,
-            max_inflight_per_producer=max_inflight_per_producer,
-            deterministic=deterministic,
-            ray_remote_args=ray_remote_args,
-        )
-        common = dict(element_spec=element_spec, sharding=sharding, input_context=input_context)
-        return cls(fn, **common, **options)
+        return cls(fn, **_producers_args(locals()))
 
     @classmethod
     def from_tf_data(
@@ -286,14 +279,7 @@ class Dataset(dataset_ops.DatasetSource):
         """
         if not callable(fn):
             raise TypeError(f"from_tf_data: fn: expected a function, got {type(fn).__name__}")
-        options = dict(
-            shards=shards,
-            max_inflight_per_producer=max_inflight_per_producer,
-            deterministic=deterministic,
-            ray_remote_args=ray_remote_args,
-        )
-        common = dict(element_spec=element_spec, sharding=sharding, input_context=input_context)
-        return cls(tf_data.Pipelines(fn), **common, **options)
+        return cls(tf_data.Pipelines(fn), **_producers_args(locals()))
 
     @classmethod
     def from_ray_data(
@@ -474,6 +460,15 @@ _KINDS = {
     "from_ray_data": "a ray.data.Dataset or DataIterator",
     "from_tf_data": "a function building a tf.data.Dataset",
 }
+
+
+# What the constructors of producer sources take besides ``fn`` (generators.OPTIONS and the common ones).
+_PRODUCERS_ARGS = generators.OPTIONS + ("element_spec", "sharding", "input_context")
+
+
+def _producers_args(arguments):
+    """The keyword arguments of ``Dataset(fn, ...)`` among a producer constructor's ``locals()``."""
+    return {name: arguments[name] for name in _PRODUCERS_ARGS}
 
 
 def _require_kind(method, argument, source):

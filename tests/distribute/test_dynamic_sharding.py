@@ -140,24 +140,28 @@ def test_generator_shards_are_units_read_once_per_epoch():
             yield {"id": np.array([10 * shard + j], np.int64)}
 
     spec = {"id": tf.TensorSpec([None], tf.int64)}
-    datasets = [
-        tfray.Dataset.from_generators(
+    assert_each_shard_read_once_per_epoch(
+        lambda: tfray.Dataset.from_generators(
             produce, 6, element_spec=spec, sharding="dynamic", ray_remote_args={"num_cpus": 0}
         )
-        for _ in range(2)
-    ]
+    )
+
+
+def assert_each_shard_read_once_per_epoch(make, shards=6, batches=3, epochs=2):
+    """Two workers read ``epochs`` epochs of ``make()``'s shards (ids ``10 * shard + j``): each shard by one worker."""
+    datasets = [make() for _ in range(2)]
     outs = [[], []]
-    threads = [threading.Thread(target=consume, args=(ds, 2, 0.0, out)) for ds, out in zip(datasets, outs)]
+    threads = [threading.Thread(target=consume, args=(ds, epochs, 0.0, out)) for ds, out in zip(datasets, outs)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=90)
-    expected = sorted(10 * shard + j for shard in range(6) for j in range(3))
-    for epoch in range(2):
+    expected = sorted(10 * shard + j for shard in range(shards) for j in range(batches))
+    for epoch in range(epochs):
         assert sorted(outs[0][epoch] + outs[1][epoch]) == expected
         for out in outs:  # A shard's batches all went to one consumer.
-            shards = {i // 10 for i in out[epoch]}
-            assert sorted(out[epoch]) == sorted(10 * s + j for s in shards for j in range(3))
+            read = {i // 10 for i in out[epoch]}
+            assert sorted(out[epoch]) == sorted(10 * s + j for s in read for j in range(batches))
 
 
 def test_tf_data_shards_are_units_read_once_per_epoch():
@@ -166,22 +170,9 @@ def test_tf_data_shards_are_units_read_once_per_epoch():
     def pipeline(shard):
         return tf.data.Dataset.range(10 * shard, 10 * shard + 3).map(lambda i: {"id": tf.reshape(i, [1])})
 
-    datasets = [
-        tfray.Dataset.from_tf_data(pipeline, 6, sharding="dynamic", ray_remote_args={"num_cpus": 0})
-        for _ in range(2)
-    ]
-    outs = [[], []]
-    threads = [threading.Thread(target=consume, args=(ds, 2, 0.0, out)) for ds, out in zip(datasets, outs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=90)
-    expected = sorted(10 * shard + j for shard in range(6) for j in range(3))
-    for epoch in range(2):
-        assert sorted(outs[0][epoch] + outs[1][epoch]) == expected
-        for out in outs:
-            shards = {i // 10 for i in out[epoch]}
-            assert sorted(out[epoch]) == sorted(10 * s + j for s in shards for j in range(3))
+    assert_each_shard_read_once_per_epoch(
+        lambda: tfray.Dataset.from_tf_data(pipeline, 6, sharding="dynamic", ray_remote_args={"num_cpus": 0})
+    )
 
 
 def test_an_iterator_dropped_mid_epoch_leaves_the_rest_to_the_next():
