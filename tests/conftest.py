@@ -346,12 +346,10 @@ def store_bytes_created():
 
 
 @contextlib.contextmanager
-def two_node_cluster(store_bytes, producer_resource):
-    """A head node (the driver's) and a producer node, 1 CPU each, own stores.
+def cluster_of(*nodes, store_bytes=80 * 1024 * 1024):
+    """A Ray cluster on this machine, a node (its own raylet and store) per ``add_node`` options.
 
-    Only the producer node has ``producer_resource`` (4 of it), so tasks that
-    ask for it run there and their batches must cross to the driver's node.
-    Yields ``(cluster, producer_node)``.
+    The first node is the head, the driver's. Yields ``(cluster, [node, ...])``.
     """
     from ray.cluster_utils import Cluster
 
@@ -359,13 +357,24 @@ def two_node_cluster(store_bytes, producer_resource):
         ray.shutdown()
     cluster = Cluster()
     try:
-        cluster.add_node(num_cpus=1, object_store_memory=store_bytes, include_dashboard=False)
-        producer = cluster.add_node(
-            num_cpus=1, object_store_memory=store_bytes, resources={producer_resource: 4}
-        )
+        added = [cluster.add_node(**{"object_store_memory": store_bytes, **options}) for options in nodes]
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        yield cluster, producer
+        yield cluster, added
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@contextlib.contextmanager
+def two_node_cluster(store_bytes, producer_resource):
+    """A head node (the driver's) and a producer node, 1 CPU each, own stores.
+
+    Only the producer node has ``producer_resource`` (4 of it), so tasks that
+    ask for it run there and their batches must cross to the driver's node.
+    Yields ``(cluster, producer_node)``.
+    """
+    head = {"num_cpus": 1, "include_dashboard": False}
+    producer = {"num_cpus": 1, "resources": {producer_resource: 4}}
+    with cluster_of(head, producer, store_bytes=store_bytes) as (cluster, (_, producer_node)):
+        yield cluster, producer_node

@@ -174,6 +174,7 @@ class Dataset(dataset_ops.DatasetSource):
         max_inflight_per_producer=None,
         deterministic=None,
         ray_remote_args=None,
+        producers_on="cluster",
     ):
         """A dataset over batches that generator functions yield, in parallel.
 
@@ -208,7 +209,16 @@ class Dataset(dataset_ops.DatasetSource):
                 generators); False takes whichever bundle is ready first;
                 None follows ``tf.data.Options().deterministic`` (default True).
             ray_remote_args: options for the producer tasks, e.g.
-                ``{"num_cpus": 1, "max_retries": 3}``.
+                ``{"num_cpus": 1, "max_retries": 3}``. Producers reserve no
+                CPU whatever ``num_cpus`` says (it sets how many run at once).
+                Ray's own placement here (``scheduling_strategy``,
+                ``placement_group``, ``resources``, ``label_selector``)
+                replaces tfray's.
+            producers_on: the nodes producers run on: ``"cluster"`` (the
+                default) every alive node that offers CPUs, in proportion to
+                its CPUs, so a node started with ``--num-cpus=0`` runs none;
+                ``"other_nodes"`` those but this process's node (the
+                trainer's); ``"this_node"`` this process's node alone.
 
         Returns:
             A ``tfray.Dataset`` of unknown cardinality.
@@ -234,6 +244,7 @@ class Dataset(dataset_ops.DatasetSource):
         max_inflight_per_producer=None,
         deterministic=None,
         ray_remote_args=None,
+        producers_on="cluster",
     ):
         """A dataset over the batches of tf.data pipelines run on the Ray cluster.
 
@@ -267,6 +278,7 @@ class Dataset(dataset_ops.DatasetSource):
             ray_remote_args: options for the producer tasks, e.g.
                 ``{"num_cpus": 4}``: a producer's pipeline runs in
                 TensorFlow's own threads, so say how many CPUs one uses.
+            producers_on: see :meth:`from_generators`.
 
         Returns:
             A ``tfray.Dataset`` of unknown cardinality.

@@ -98,6 +98,7 @@ CASES = [
     ("tf_data fn not a dataset", lambda e: D.from_tf_data(lambda s: [s], 2), TypeError, "from_tf_data: fn must return a tf.data.Dataset; fn(0) returned a list"),
     ("tf_data shards bool", lambda e: D.from_tf_data(tf_pipeline, True), TypeError, "from_tf_data: shards must be an int or a list, got bool"),
     ("tf_data shards empty", lambda e: D.from_tf_data(tf_pipeline, []), ValueError, "from_tf_data: shards is empty"),
+    ("producers_on bogus", lambda e: D.from_generators(gen, 2, element_spec=SPEC, producers_on="here"), ValueError, "producers_on: expected one of 'cluster', 'other_nodes', 'this_node', got 'here'"),
     ("tf_data deterministic str", lambda e: D.from_tf_data(tf_pipeline, 2, deterministic="yes"), TypeError, "deterministic: expected None or a bool"),
     (
         "tf_data string of rank 2",

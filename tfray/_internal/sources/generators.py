@@ -17,8 +17,10 @@ backpressure keeps its reservation, and epochs read in lockstep (zip, a
 validation set between training steps) would each wait for CPUs the other
 epoch's paused producers hold, forever. The ``num_cpus`` a user asks for
 sets instead how many of an epoch's producers run at once (the cluster's
-CPUs over it), and producers spread over the cluster's nodes as Ray Data's
-tasks do. Other resources (GPUs, custom ones) are reserved as asked.
+CPUs over it), and tfray places producers on the nodes that offer CPUs, in
+proportion to them (placement.py): Ray's scheduler, seeing no CPU asked,
+would place them on a node that offers none. Other resources (GPUs, custom
+ones) are reserved as asked.
 """
 
 import functools
@@ -35,7 +37,7 @@ from tfray._internal.runtime.lookahead import START, LookAhead
 from tfray._internal.runtime.resolver import RefResolver
 from tfray._internal.runtime.status import EpochError
 from tfray._internal.runtime.streams import Wrapped
-from tfray._internal.sources import inflight, producer, resume, stops
+from tfray._internal.sources import inflight, placement, producer, resume, stops
 from tfray._internal.sources.base import Source, default_budget, positive_int
 from tfray._internal.sources.bundles import Bundle, BundledRefs, Shard, Unbundled
 
@@ -167,7 +169,18 @@ class GeneratorShards(BundledRefs):
     """
 
     def __init__(
-        self, fn, shards, *, inflight, share_bytes, ray_remote_args, concurrency, board, shard_numbers=None
+        self,
+        fn,
+        shards,
+        *,
+        inflight,
+        share_bytes,
+        ray_remote_args,
+        concurrency,
+        board,
+        producers_on,
+        kind,
+        shard_numbers=None,
     ):
         self._inflight = inflight
         # The epoch's first ref, until its bundle's size is learned; None
@@ -176,13 +189,14 @@ class GeneratorShards(BundledRefs):
         self._learning = inflight.fixed is None
         self._share = share_bytes
         self._options = producer_options(ray_remote_args)
-        self._runners = {}  # Backpressure -> the producer task with it.
+        self._runners = {}  # (Backpressure, node) -> the producer task with them.
         self._fn = fn
         self._shards = list(shards)
         self._numbers = list(range(len(self._shards)) if shard_numbers is None else shard_numbers)
         self._next_shard = 0  # The next shard to start.
         self._labels = {}  # Shard index -> its Shard, which labels its batches.
         self._running = []  # (shard index, generator), in rotation order.
+        self._nodes = {}  # Shard index -> the node placement chose for it (None: Ray's choice).
         self._turn = 0  # Index into _running of the next round-robin shard.
         self.deterministic = True
         self._pace = ray_api.Pace()  # How _next_ready's polls start.
@@ -190,6 +204,7 @@ class GeneratorShards(BundledRefs):
         _check_ray()  # Making the board after ray.shutdown() would start a new Ray.
         self._board = board()
         self._token = stops.new_token()
+        self._placement = placement.Placement(producers_on, ray_remote_args, kind)
         for _ in range(concurrency):
             self._running.append(self._start_next())
         self.done = not self._running
@@ -276,10 +291,12 @@ class GeneratorShards(BundledRefs):
         self._next_shard += 1
         self._labels[shard] = Shard(self._numbers[shard])
         count = self._inflight.count(self._share)
-        if count not in self._runners:
-            self._runners[count] = with_backpressure(_remote_run_shard, self._options, count)
+        where, self._nodes[shard] = self._placement.place()
+        key = (count, self._nodes[shard])
+        if key not in self._runners:
+            self._runners[key] = with_backpressure(_remote_run_shard, {**self._options, **where}, count)
         return shard, ray_api.call(
-            self._runners[count].remote,
+            self._runners[key].remote,
             self._fn,
             self._shards[shard],
             self._board,
@@ -289,6 +306,7 @@ class GeneratorShards(BundledRefs):
 
     def _replace(self, position):
         """The shard at ``position`` ended: the next shard takes its place."""
+        self._placement.release(self._nodes.pop(self._running[position][0]))
         if self._next_shard < len(self._shards):
             self._running[position] = self._start_next()
             return
@@ -351,7 +369,7 @@ class _Begun(Wrapped):
 
 
 # Dataset.from_generators' options, as GeneratorSource takes them (``shards`` required).
-OPTIONS = ("shards", "max_inflight_per_producer", "deterministic", "ray_remote_args")
+OPTIONS = ("shards", "max_inflight_per_producer", "deterministic", "ray_remote_args", "producers_on")
 
 
 def shard_list(kind, shards):
@@ -380,6 +398,7 @@ class GeneratorSource(Source):
         max_inflight_per_producer=None,
         deterministic=None,
         ray_remote_args=None,
+        producers_on="cluster",
     ):
         if not callable(fn):
             raise TypeError(f"{self.kind}: fn must be callable, got {type(fn).__name__}")
@@ -403,6 +422,7 @@ class GeneratorSource(Source):
         self._inflight = inflight.Inflight(self._per_producer)
         self._deterministic = deterministic
         self._ray_remote_args = ray_remote_args
+        self._producers_on = placement.check(producers_on)
         self._session_actor = session_actor  # The runtime's: where the stop board lives.
         # Without element_spec, it is learned when first asked for: by then a
         # worker's share is known, and only the share's producers run.
@@ -450,6 +470,8 @@ class GeneratorSource(Source):
             ray_remote_args=self._ray_remote_args,
             concurrency=1,
             board=self._board,
+            producers_on=self._producers_on,
+            kind=self.kind,
             shard_numbers=[number],
         )
 
@@ -465,6 +487,7 @@ class GeneratorSource(Source):
             max_inflight_per_producer=self._per_producer,
             deterministic=self._deterministic,
             ray_remote_args=self._ray_remote_args,
+            producers_on=self._producers_on,
             session_actor=self._session_actor,
         )
 
@@ -477,6 +500,8 @@ class GeneratorSource(Source):
             ray_remote_args=self._ray_remote_args,
             concurrency=self._at_once(),
             board=self._board,
+            producers_on=self._producers_on,
+            kind=self.kind,
         )
 
     def _board(self):

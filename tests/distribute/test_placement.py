@@ -1,0 +1,98 @@
+"""Where producers run: nodes that offer CPUs, in proportion to them; ``producers_on`` narrows them.
+
+Clusters of several nodes on this machine (``ray.cluster_utils.Cluster``),
+the head the driver's. Each producer notes its node in its batches.
+"""
+
+import collections
+import logging
+import sys
+
+import numpy as np
+import pytest
+import ray
+import tensorflow as tf
+from conftest import cluster_of
+from ray import cloudpickle
+
+import tfray
+
+# By value: the producers' processes cannot import this test module.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.timeout(300, method="thread")
+
+HEAD = {"include_dashboard": False}
+ALL_AT_ONCE = {"num_cpus": 0}  # An epoch's producers all run together (see generators.concurrency).
+
+
+def noting_its_node(shard):
+    node = ray.get_runtime_context().get_node_id()
+    yield {"node": np.frombuffer(bytes.fromhex(node), np.uint8)[None], "shard": np.array([shard])}
+
+
+def pipeline_noting_its_node(shard):
+    """A tf.data pipeline built in its producer: the node is the producer's."""
+    node = ray.get_runtime_context().get_node_id()
+    element = {"node": np.frombuffer(bytes.fromhex(node), np.uint8)[None], "shard": np.array([shard])}
+    return tf.data.Dataset.from_tensors(element)
+
+
+def producers_per_node(ds):
+    """{node id: producers that ran there} over one epoch of ``ds`` (a batch per producer)."""
+    return collections.Counter(bytes(b["node"].numpy()[0]).hex() for b in ds)
+
+
+def test_no_producer_on_a_node_that_offers_no_cpu_and_the_rest_by_cpus():
+    """A 0-CPU head (a trainer's), nodes of 1 and 2 CPUs: 6 producers go 2 and 4, every epoch."""
+    with cluster_of({**HEAD, "num_cpus": 0}, {"num_cpus": 1}, {"num_cpus": 2}) as (_, nodes):
+        _, one, two = (n.node_id for n in nodes)
+        for ds in (
+            tfray.Dataset.from_generators(noting_its_node, 6, ray_remote_args=ALL_AT_ONCE),
+            tfray.Dataset.from_tf_data(pipeline_noting_its_node, 6, ray_remote_args=ALL_AT_ONCE),
+        ):
+            for epoch in range(2):
+                assert producers_per_node(ds) == {one: 2, two: 4}, f"epoch {epoch}"
+
+
+def test_producers_on_says_which_nodes():
+    with cluster_of({**HEAD, "num_cpus": 1}, {"num_cpus": 1}) as (_, nodes):
+        head, other = (n.node_id for n in nodes)
+        expected = {"cluster": {head: 1, other: 1}, "other_nodes": {other: 2}, "this_node": {head: 2}}
+        for where, counts in expected.items():
+            ds = tfray.Dataset.from_generators(
+                noting_its_node, 2, ray_remote_args=ALL_AT_ONCE, producers_on=where
+            )
+            assert producers_per_node(ds) == counts, where
+
+
+def test_rays_own_placement_replaces_tfray_s():
+    """A custom resource asked in ray_remote_args: the producers go where Ray finds it."""
+    resource = {"tfray_test_placement": 4}
+    with cluster_of({**HEAD, "num_cpus": 2}, {"num_cpus": 0, "resources": resource}) as (_, nodes):
+        _, marked = (n.node_id for n in nodes)
+        remote_args = {"num_cpus": 0, "resources": {"tfray_test_placement": 1}}
+        ds = tfray.Dataset.from_generators(noting_its_node, 2, ray_remote_args=remote_args)
+        assert producers_per_node(ds) == {marked: 2}
+
+
+def test_no_node_to_place_on_is_said_and_ray_places_the_producers(caplog):
+    with cluster_of({**HEAD, "num_cpus": 1}) as (_, nodes):
+        (head,) = (n.node_id for n in nodes)
+        ds = tfray.Dataset.from_generators(
+            noting_its_node, 2, ray_remote_args=ALL_AT_ONCE, producers_on="other_nodes"
+        )
+        with caplog.at_level(logging.WARNING, logger="tfray"):
+            assert producers_per_node(ds) == {head: 2}
+        assert "from_generators: no alive node offers CPUs besides the trainer's" in caplog.text
+
+
+@pytest.mark.slow
+def test_twenty_fresh_clusters_place_no_producer_on_the_node_of_no_cpu():
+    """As a user starts one: ``--num-cpus=0`` for the trainer's node, one CPU node beside it."""
+    for cluster_number in range(20):
+        with cluster_of({**HEAD, "num_cpus": 0}, {"num_cpus": 1}) as (_, nodes):
+            head, worker = (n.node_id for n in nodes)
+            ds = tfray.Dataset.from_generators(noting_its_node, 2)
+            for epoch in range(2):
+                assert producers_per_node(ds) == {worker: 2}, f"cluster {cluster_number}, epoch {epoch}"
