@@ -23,6 +23,7 @@ no node qualifies, producers are left to Ray's ``SPREAD``, with a warning.
 """
 
 import logging
+import time
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -34,6 +35,11 @@ logger = logging.getLogger("tfray")
 PRODUCERS_ON = ("cluster", "other_nodes", "this_node")
 # ray_remote_args that say where a task goes: Ray's to follow.
 RAYS_OWN = ("scheduling_strategy", "placement_group", "resources", "label_selector")
+
+
+# (kind, producers_on) -> when this process may warn of it again.
+_warned = {}
+WARN_EVERY_S = 60.0
 
 
 def check(producers_on):
@@ -66,7 +72,10 @@ class Placement:
                 for n in alive
                 if n["Resources"].get("CPU", 0.0) > 0 and (producers_on == "cluster" or n["NodeID"] != here)
             }
-        if not self._cpus:
+        now = time.monotonic()
+        if not self._cpus and now >= _warned.get((kind, producers_on), 0.0):
+            # At most once a minute: every epoch (every unit, sharded dynamically) would say it again.
+            _warned[(kind, producers_on)] = now + WARN_EVERY_S
             logger.warning(
                 "%s: no alive node offers CPUs%s (producers_on=%r); the producers are "
                 "left to Ray's SPREAD, which may place them on a node that offers none.",
