@@ -43,8 +43,8 @@ class PipelineBatches:
         return _wire_elements(self.fn, shard, self.element_spec, self.kinds)
 
 
-def _pipeline(fn, shard, element_spec):
-    """``fn(shard)``, checked: a ``tf.data.Dataset`` whose elements match ``element_spec``."""
+def built(fn, shard):
+    """``fn(shard)``, which must be a ``tf.data.Dataset``."""
     import tensorflow as tf
 
     dataset = fn(shard)
@@ -53,6 +53,14 @@ def _pipeline(fn, shard, element_spec):
             f"from_tf_data: fn must return a tf.data.Dataset; fn({shard!r}) returned a "
             f"{type(dataset).__name__}."
         )
+    return dataset
+
+
+def _pipeline(fn, shard, element_spec):
+    """``fn(shard)``, checked: a ``tf.data.Dataset`` whose elements match ``element_spec``."""
+    import tensorflow as tf
+
+    dataset = built(fn, shard)
     got = dataset.element_spec
     try:
         tf.nest.assert_same_structure(element_spec, got)

@@ -14,6 +14,7 @@ trainer turns back into ``tf.string`` and ``tf.RaggedTensor``.
 import tensorflow as tf
 from ray import cloudpickle
 
+from tfray._internal.runtime import spec as spec_lib
 from tfray._internal.sources import columns, generators, pipeline
 from tfray._internal.sources.generators import GeneratorSource, shard_list, stable_name
 
@@ -39,25 +40,6 @@ def _kind(spec):
     return pipeline.DENSE
 
 
-def _paths(element_spec):
-    """A name per leaf of ``element_spec``, in tf.nest order (``features/image``, ``0``)."""
-    shallow = tf.nest.map_structure(lambda _: None, element_spec)
-    paths = []
-
-    def walk(nest, path):
-        if isinstance(nest, dict):
-            for key in sorted(nest):
-                walk(nest[key], f"{path}/{key}" if path else str(key))
-        elif isinstance(nest, (tuple, list)):
-            for i, value in enumerate(nest):
-                walk(value, f"{path}/{i}" if path else str(i))
-        else:
-            paths.append(path or "element")
-
-    walk(shallow, "")
-    return paths
-
-
 def _wire_leaves(element_spec, wire):
     """The wire parts of each leaf of ``element_spec`` (a part may be a tuple), in tf.nest order."""
     if isinstance(element_spec, dict):
@@ -65,17 +47,6 @@ def _wire_leaves(element_spec, wire):
     if isinstance(element_spec, (tuple, list)):
         return [part for spec, w in zip(element_spec, wire) for part in _wire_leaves(spec, w)]
     return [wire]
-
-
-def pipeline_spec(fn, shard):
-    """The element spec of ``fn(shard)``'s pipeline, built here and not run."""
-    dataset = fn(shard)
-    if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(
-            f"from_tf_data: fn must return a tf.data.Dataset; fn({shard!r}) returned a "
-            f"{type(dataset).__name__}."
-        )
-    return dataset.element_spec
 
 
 class TfDataSource(GeneratorSource):
@@ -89,9 +60,10 @@ class TfDataSource(GeneratorSource):
         self._pipeline_fn = fn
         self._options = options
         if element_spec is None:
-            element_spec = pipeline_spec(fn, shard_list(self.kind, shards)[0])
+            # Built here, not run: its spec is the pipeline's own.
+            element_spec = pipeline.built(fn, shard_list(self.kind, shards)[0]).element_spec
         self._codecs, kinds = [], []
-        for path, spec in zip(_paths(element_spec), tf.nest.flatten(element_spec)):
+        for path, spec in spec_lib.flatten(element_spec):
             try:
                 self._codecs.append(columns.codec(path, spec))
             except TypeError as e:
