@@ -63,14 +63,15 @@ class Placement:
         if any((ray_remote_args or {}).get(name) is not None for name in RAYS_OWN):
             return
         here = ray_api.call(lambda: ray.get_runtime_context().get_node_id())
-        alive = [n for n in ray_api.call(ray.nodes) if n["Alive"]]
         if producers_on == "this_node":
             self._cpus = {here: 1.0}
         else:
             self._cpus = {
                 n["NodeID"]: n["Resources"].get("CPU", 0.0)
-                for n in alive
-                if n["Resources"].get("CPU", 0.0) > 0 and (producers_on == "cluster" or n["NodeID"] != here)
+                for n in ray_api.call(ray.nodes)
+                if n["Alive"]
+                and n["Resources"].get("CPU", 0.0) > 0
+                and (producers_on == "cluster" or n["NodeID"] != here)
             }
         now = time.monotonic()
         if not self._cpus and now >= _warned.get((kind, producers_on), 0.0):
