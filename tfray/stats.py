@@ -67,8 +67,8 @@ class IteratorStats:
         """One line saying what bounded this epoch, for a training log.
 
         Returns:
-            e.g. ``"input-bound: TensorFlow waited for input 38% of the epoch
-            (1200 batches, 0.95 GB/s)"``.
+            A line such as
+            ``"input-bound: TensorFlow waited for input 38% of the epoch (1200 batches, 0.95 GB/s)"``.
         """
         if self.active_s <= 0:
             return "idle: TensorFlow has not read from this iterator"
