@@ -175,6 +175,7 @@ class Dataset(dataset_ops.DatasetSource):
         deterministic=None,
         ray_remote_args=None,
         producers_on="cluster",
+        placement_timeout_s=None,
     ):
         """A dataset over batches that generator functions yield, in parallel.
 
@@ -219,6 +220,13 @@ class Dataset(dataset_ops.DatasetSource):
                 its CPUs, so a node started with ``--num-cpus=0`` runs none;
                 ``"other_nodes"`` those but this process's node (the
                 trainer's); ``"this_node"`` this process's node alone.
+            placement_timeout_s: producers that ask for resources no alive
+                node offers (``ray_remote_args``: GPUs, custom resources,
+                memory, labels, a node) wait for one to join, as Ray's tasks
+                do, with a warning a minute and ``stats()`` saying so. With
+                seconds here, an epoch whose producers waited that long
+                fails instead, with ``tf.errors.UnavailableError`` from
+                ``next()``. None (the default): wait.
 
         Returns:
             A ``tfray.Dataset`` of unknown cardinality.
@@ -245,6 +253,7 @@ class Dataset(dataset_ops.DatasetSource):
         deterministic=None,
         ray_remote_args=None,
         producers_on="cluster",
+        placement_timeout_s=None,
     ):
         """A dataset over the batches of tf.data pipelines run on the Ray cluster.
 
@@ -279,6 +288,7 @@ class Dataset(dataset_ops.DatasetSource):
                 ``{"num_cpus": 4}``: a producer's pipeline runs in
                 TensorFlow's own threads, so say how many CPUs one uses.
             producers_on: see :meth:`from_generators`.
+            placement_timeout_s: see :meth:`from_generators`.
 
         Returns:
             A ``tfray.Dataset`` of unknown cardinality.

@@ -43,6 +43,12 @@ class IteratorStats:
         finished: the feeder has pushed the whole epoch, or stopped.
         cancelled: the iterator is gone (dropped, even after a full
             epoch, or cancelled by TensorFlow).
+        producers_unplaced: the epoch's producers that no alive node can
+            run: none offers what ``ray_remote_args`` asks (GPUs, custom
+            resources, memory, labels, a node). They start when one joins;
+            ``placement_timeout_s`` fails the epoch instead.
+        unplaced_s: how long they have waited, from the epoch's last
+            progress (0 when none waits).
     """
 
     batches: int
@@ -62,6 +68,8 @@ class IteratorStats:
     get_next_calls: int
     finished: bool
     cancelled: bool
+    producers_unplaced: int = 0
+    unplaced_s: float = 0.0
 
     def verdict(self):
         """One line saying what bounded this epoch, for a training log.
@@ -70,6 +78,11 @@ class IteratorStats:
             A line such as
             ``"input-bound: TensorFlow waited for input 38% of the epoch (1200 batches, 0.95 GB/s)"``.
         """
+        if self.producers_unplaced:
+            return (
+                f"waiting for a node: {self.producers_unplaced} producer(s) cannot be placed "
+                f"({self.unplaced_s:.0f} s so far; see the warning logged)"
+            )
         if self.active_s <= 0:
             return "idle: TensorFlow has not read from this iterator"
         waited = min(1.0, self.consumer_wait_s / self.active_s)

@@ -1,4 +1,5 @@
-"""Where producers run: nodes that offer CPUs, in proportion to them; ``producers_on`` narrows them.
+"""Where producers run: nodes that offer CPUs, in proportion to them; ``producers_on`` narrows them;
+producers no node can run are said, in stats and a warning, and bounded by ``placement_timeout_s``.
 
 Clusters of several nodes on this machine (``ray.cluster_utils.Cluster``),
 the head the driver's. Each producer notes its node in its batches.
@@ -7,6 +8,8 @@ the head the driver's. Each producer notes its node in its batches.
 import collections
 import logging
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -96,3 +99,95 @@ def test_twenty_fresh_clusters_place_no_producer_on_the_node_of_no_cpu():
             ds = tfray.Dataset.from_generators(noting_its_node, 2)
             for epoch in range(2):
                 assert producers_per_node(ds) == {worker: 2}, f"cluster {cluster_number}, epoch {epoch}"
+
+
+MISSING = {"tfray_test_missing": 1}  # A resource no node offers until one joins.
+SPEC = {"node": tf.TensorSpec([1, 28], tf.uint8), "shard": tf.TensorSpec([1], tf.int64)}
+
+
+@pytest.fixture
+def quick_watch(monkeypatch):
+    """Placement checks every 0.3 s (not 5), and every warning said afresh."""
+    from tfray._internal.sources import placement
+
+    monkeypatch.setattr(placement, "CHECK_S", 0.3)
+    monkeypatch.setattr(placement, "_waiting_warned", {})
+
+
+def wait_for(condition, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.1)
+
+
+def test_producers_no_node_can_run_are_said_and_start_when_one_joins(quick_watch, caplog):
+    """Asking a resource no node offers: a warning naming the dataset, stats, then every batch once a node joins."""
+    with cluster_of({**HEAD, "num_cpus": 1}) as (cluster, _):
+        ds = tfray.Dataset.from_generators(
+            noting_its_node, 2, element_spec=SPEC, ray_remote_args={"num_cpus": 0, "resources": MISSING}
+        )
+        shards = []
+        with caplog.at_level(logging.WARNING, logger="tfray"):
+            reader = threading.Thread(target=lambda: shards.extend(int(b["shard"][0]) for b in ds), daemon=True)
+            reader.start()
+            wait_for(lambda: ds.stats() and ds.stats()[-1].producers_unplaced == 2, 30, "stats say 2 unplaced")
+            wait_for(lambda: "waited" in caplog.text, 10, "the warning")
+        assert (
+            "from_generators(noting_its_node): 2 producer(s) have waited" in caplog.text
+            and "each asks {'tfray_test_missing': 1.0}, which no alive node offers" in caplog.text
+        ), caplog.text
+        assert ds.stats()[-1].unplaced_s > 0
+        assert "waiting for a node: 2 producer(s) cannot be placed" in ds.stats()[-1].verdict()
+        assert reader.is_alive()  # Still waiting: no error without a timeout.
+        cluster.add_node(num_cpus=0, resources={"tfray_test_missing": 2}, object_store_memory=80 << 20)
+        reader.join(60)
+        assert not reader.is_alive(), "the epoch did not end once a node offered the resource"
+        assert sorted(shards) == [0, 1]
+        assert ds.stats()[-1].producers_unplaced == 0
+
+
+def test_placement_timeout_fails_the_epoch_with_what_to_do(quick_watch):
+    with cluster_of({**HEAD, "num_cpus": 1}):
+        remote_args = {"num_cpus": 0, "resources": MISSING}
+        ds = tfray.Dataset.from_generators(
+            noting_its_node, 2, element_spec=SPEC, ray_remote_args=remote_args, placement_timeout_s=1
+        )
+        started = time.monotonic()
+        with pytest.raises(tf.errors.UnavailableError) as raised:
+            next(iter(ds))
+        assert time.monotonic() - started < 20
+        message = str(raised.value)
+        name = "from_generators(noting_its_node)"
+        assert f"{name}: 2 producer(s) could not be placed within placement_timeout_s=1" in message
+        assert "'tfray_test_missing': 1.0" in message and "ask for less in ray_remote_args" in message
+        # Without element_spec, learning it runs a producer: its wait is bounded alike.
+        with pytest.raises(TimeoutError, match="while learning element_spec"):
+            tfray.Dataset.from_generators(noting_its_node, 2, ray_remote_args=remote_args, placement_timeout_s=1)
+
+
+def test_dynamic_sharding_units_that_cannot_be_placed_are_said_and_bounded(quick_watch):
+    """A unit's producer, handed out by the coordinator, is watched as any epoch's."""
+    with cluster_of({**HEAD, "num_cpus": 1}):
+        ds = tfray.Dataset.from_generators(
+            noting_its_node,
+            2,
+            element_spec=SPEC,
+            sharding="dynamic",
+            ray_remote_args={"num_cpus": 0, "resources": MISSING},
+            placement_timeout_s=3,
+        )
+        errors = []
+
+        def read():
+            try:
+                next(iter(ds))
+            except tf.errors.UnavailableError as e:
+                errors.append(str(e))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        wait_for(lambda: ds.stats() and ds.stats()[-1].producers_unplaced >= 1, 30, "stats say unplaced")
+        reader.join(30)
+        assert not reader.is_alive() and errors, "the timeout did not end the epoch"
+        assert "could not be placed within placement_timeout_s=3" in errors[0]

@@ -99,6 +99,8 @@ CASES = [
     ("tf_data shards bool", lambda e: D.from_tf_data(tf_pipeline, True), TypeError, "from_tf_data: shards must be an int or a list, got bool"),
     ("tf_data shards empty", lambda e: D.from_tf_data(tf_pipeline, []), ValueError, "from_tf_data: shards is empty"),
     ("producers_on bogus", lambda e: D.from_generators(gen, 2, element_spec=SPEC, producers_on="here"), ValueError, "producers_on: expected one of 'cluster', 'other_nodes', 'this_node', got 'here'"),
+    ("placement_timeout_s str", lambda e: D.from_generators(gen, 2, element_spec=SPEC, placement_timeout_s="60"), TypeError, "placement_timeout_s: expected None or seconds (a number), got str"),
+    ("placement_timeout_s zero", lambda e: D.from_tf_data(tf_pipeline, 2, placement_timeout_s=0), ValueError, "placement_timeout_s: expected more than 0 seconds, got 0"),
     ("tf_data deterministic str", lambda e: D.from_tf_data(tf_pipeline, 2, deterministic="yes"), TypeError, "deterministic: expected None or a bool"),
     (
         "tf_data string of rank 2",

@@ -28,6 +28,7 @@ import ray
 
 from tfray._internal.distribute import coordinator
 from tfray._internal.runtime.resolver import RefResolver
+from tfray._internal.runtime.streams import Unplaced
 from tfray._internal.runtime.status import BatchError, Code
 from tfray._internal.sources import UNKNOWN_CARDINALITY, Source
 from tfray._internal.sources.bundles import BundledRefs, batches_in, unbundle
@@ -127,6 +128,14 @@ class UnitRefs(BundledRefs):
         self.done = self._over and not self._open
         return out
 
+    @property
+    def unplaced(self):
+        """The open units' producers that cannot be placed, as one Unplaced (or None)."""
+        waiting = [u for u in (getattr(s, "unplaced", None) for s in self._open.values()) if u is not None]
+        if not waiting:
+            return None
+        return Unplaced(sum(u.producers for u in waiting), min(u.since for u in waiting))
+
     def taken_by_tf(self, labels):
         """Notes that TensorFlow took the batches of ``labels``."""
         for label in labels:
@@ -199,6 +208,10 @@ class DynamicEpoch:
     @property
     def in_flight(self):
         return self._resolver.in_flight
+
+    @property
+    def unplaced(self):
+        return self._resolver.unplaced
 
     def next_ready(self, timeout):
         self._note_taken()

@@ -370,6 +370,7 @@ class Replayed:
     """An epoch the native registry served from a replay: what stats() reads of it."""
 
     refs_in_flight = 0
+    unplaced = None
 
     def __init__(self, channel):
         self.channel = channel

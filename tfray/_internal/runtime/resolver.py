@@ -40,6 +40,11 @@ class RefResolver:
     def in_flight(self):
         return len(self._window)
 
+    @property
+    def unplaced(self):
+        """The RefStream's (streams.py), or None if its refs come from no producers of its own."""
+        return getattr(self._refs, "unplaced", None)
+
     def next_ready(self, timeout):
         """Resolved ``(label, value, error)`` items, [] if none yet, None at the end."""
         if not ray_api.ray_running():  # Before a stream's own calls into Ray (Ray Data's).

@@ -4,6 +4,8 @@ A plain record (a dict of ``tfray.IteratorStats``' fields): the public face
 makes the public type of it.
 """
 
+import time
+
 
 def of_feeder(feeder):
     """The statistics of ``feeder``'s epoch (a feeder, or a replayed epoch), as a dict."""
@@ -11,6 +13,7 @@ def of_feeder(feeder):
     # Zero-copy is where the bytes are (the store, by address); a copy is
     # anything else. tfray's own copies lie outside the store too.
     copied = s["bytes_delivered"] - s["bytes_in_store"]
+    unplaced = feeder.unplaced
     return dict(
         batches=s["batches_delivered"],
         bytes=s["bytes_delivered"],
@@ -27,6 +30,8 @@ def of_feeder(feeder):
         lookahead=feeder.lookahead,
         queued=s["queued"],
         get_next_calls=s["get_next_calls"],
+        producers_unplaced=0 if unplaced is None else unplaced.producers,
+        unplaced_s=0.0 if unplaced is None else time.monotonic() - unplaced.since,
         finished=feeder.done.is_set(),
         cancelled=s["cancelled"],
     )

@@ -10,6 +10,7 @@ holds, and where a failed one stands; the resolver hands such a ref on
 whole.
 """
 
+import dataclasses
 from typing import Any, List, Optional, Protocol, Tuple
 
 import ray
@@ -23,6 +24,14 @@ LabelledRef = Tuple[Any, ray.ObjectRef]
 # (label, value, error): a batch, or in its place the error that replaces it;
 # from a RefResolver, a ref that holds several batches has them as its value.
 Item = Tuple[Any, Any, Optional[BatchError]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Unplaced:
+    """An epoch's producers that no alive node can run now (sources/placement.py)."""
+
+    producers: int
+    since: float  # time.monotonic() of the epoch's last progress.
 
 
 class RefStream(Protocol):
@@ -41,6 +50,8 @@ class RefStream(Protocol):
     # holds, and ``where(label, earlier)``, where a failed ref stands after
     # the resolved ``(label, value)`` pairs ``earlier``. Without them, a
     # ref is one batch, and a failed one is told by its label.
+    # A stream of producers also has ``unplaced``: an Unplaced while none
+    # can be placed, else None.
 
 
 class ItemStream(Protocol):
@@ -50,6 +61,9 @@ class ItemStream(Protocol):
     # None: the channel's capacity is the stream's fixed bound.
     lookahead: Optional[LookAhead]
     in_flight: int  # Refs being resolved ahead now.
+    # An Unplaced while the epoch's producers cannot be placed (a stream
+    # that starts producers has it; for others the feeder reads None).
+    unplaced: Optional[Unplaced]
 
     def next_ready(self, timeout: float) -> Optional[List[Item]]:
         """Items ready now ([] if none within ``timeout``), or None at the end."""

@@ -179,7 +179,8 @@ class GeneratorShards(BundledRefs):
         concurrency,
         board,
         producers_on,
-        kind,
+        name,
+        placement_timeout_s,
         shard_numbers=None,
     ):
         self._inflight = inflight
@@ -204,7 +205,8 @@ class GeneratorShards(BundledRefs):
         _check_ray()  # Making the board after ray.shutdown() would start a new Ray.
         self._board = board()
         self._token = stops.new_token()
-        self._placement = placement.Placement(producers_on, ray_remote_args, kind)
+        self._placement = placement.Placement(producers_on, ray_remote_args, name)
+        self._watch = placement.Watch(name, ray_remote_args, placement_timeout_s)
         for _ in range(concurrency):
             self._running.append(self._start_next())
         self.done = not self._running
@@ -213,7 +215,7 @@ class GeneratorShards(BundledRefs):
         """Up to n ``(Bundle, ref)`` pairs; waits at most ``timeout`` for the first."""
         out = []
         while len(out) < n and self._running:
-            position = self._next_ready(timeout if not out else 0)
+            position = self._watched_ready(timeout if not out else 0)
             if position is None:
                 break
             shard, generator = self._running[position]
@@ -315,6 +317,23 @@ class GeneratorShards(BundledRefs):
             self._turn -= 1
         self._turn = self._turn % len(self._running) if self._running else 0
 
+    @property
+    def unplaced(self):
+        return self._watch.unplaced
+
+    def _watched_ready(self, timeout):
+        """``_next_ready``, telling the placement watch what it found at least every CHECK_S."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = placement.CHECK_S if deadline is None else max(0.0, deadline - time.monotonic())
+            position = self._next_ready(min(left, placement.CHECK_S))
+            if position is not None:
+                self._watch.progressed()
+                return position
+            self._watch.waited(len(self._running))  # Raises once it times out.
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+
     def _next_ready(self, timeout):
         """The position of a running shard whose next ref (or end) is ready.
 
@@ -369,7 +388,14 @@ class _Begun(Wrapped):
 
 
 # Dataset.from_generators' options, as GeneratorSource takes them (``shards`` required).
-OPTIONS = ("shards", "max_inflight_per_producer", "deterministic", "ray_remote_args", "producers_on")
+OPTIONS = (
+    "shards",
+    "max_inflight_per_producer",
+    "deterministic",
+    "ray_remote_args",
+    "producers_on",
+    "placement_timeout_s",
+)
 
 
 def shard_list(kind, shards):
@@ -399,6 +425,7 @@ class GeneratorSource(Source):
         deterministic=None,
         ray_remote_args=None,
         producers_on="cluster",
+        placement_timeout_s=None,
     ):
         if not callable(fn):
             raise TypeError(f"{self.kind}: fn must be callable, got {type(fn).__name__}")
@@ -423,6 +450,7 @@ class GeneratorSource(Source):
         self._deterministic = deterministic
         self._ray_remote_args = ray_remote_args
         self._producers_on = placement.check(producers_on)
+        self._placement_timeout_s = placement.check_timeout(placement_timeout_s)
         self._session_actor = session_actor  # The runtime's: where the stop board lives.
         # Without element_spec, it is learned when first asked for: by then a
         # worker's share is known, and only the share's producers run.
@@ -436,13 +464,20 @@ class GeneratorSource(Source):
         (None if the function has no such name); ``at_once`` is how many
         producers can run together.
         """
-        name = self._stable_name()
+        name = stable_name(self._user_fn())
         key = None if name is None else f"{self.kind}:{name}:{self._shards!r}"
         return key, len(self._shards), self._at_once()
 
-    def _stable_name(self):
-        """The user's function's name, the same in every process, or None (see stable_name)."""
-        return stable_name(self._fn)
+    def _user_fn(self):
+        """The function the user passed, whose name messages give."""
+        return self._fn
+
+    def _name(self):
+        """The dataset, as messages name it: ``from_generators(read_shard)``."""
+        fn = self._user_fn()
+        while isinstance(fn, functools.partial):
+            fn = fn.func
+        return f"{self.kind}({getattr(fn, '__qualname__', type(fn).__name__)})"
 
     def _at_once(self):
         """How many of an epoch's producers run at once."""
@@ -471,7 +506,8 @@ class GeneratorSource(Source):
             concurrency=1,
             board=self._board,
             producers_on=self._producers_on,
-            kind=self.kind,
+            name=self._name(),
+            placement_timeout_s=self._placement_timeout_s,
             shard_numbers=[number],
         )
 
@@ -488,6 +524,7 @@ class GeneratorSource(Source):
             deterministic=self._deterministic,
             ray_remote_args=self._ray_remote_args,
             producers_on=self._producers_on,
+            placement_timeout_s=self._placement_timeout_s,
             session_actor=self._session_actor,
         )
 
@@ -501,7 +538,8 @@ class GeneratorSource(Source):
             concurrency=self._at_once(),
             board=self._board,
             producers_on=self._producers_on,
-            kind=self.kind,
+            name=self._name(),
+            placement_timeout_s=self._placement_timeout_s,
         )
 
     def _board(self):
@@ -523,6 +561,14 @@ class GeneratorSource(Source):
         and that batch is made again in the first epoch; likewise without
         ``keep_epoch`` (see spec_only).
         """
+        try:
+            return self._first_spec(keep_epoch)
+        except EpochError as e:  # Its producers waited past placement_timeout_s.
+            raise TimeoutError(
+                f"{e.message} (while learning element_spec: pass element_spec to run no producer for it)"
+            ) from None
+
+    def _first_spec(self, keep_epoch):
         if not keep_epoch or _reserves_resources(self._ray_remote_args):
             for number in range(len(self._shards)):
                 stream = self._producer(number, inflight.Inflight(1))

@@ -16,7 +16,7 @@ from ray import cloudpickle
 
 from tfray._internal.runtime import spec as spec_lib
 from tfray._internal.sources import columns, generators, pipeline
-from tfray._internal.sources.generators import GeneratorSource, shard_list, stable_name
+from tfray._internal.sources.generators import GeneratorSource, shard_list
 
 # By value, as producer.py: a producer process imports TensorFlow, not tfray.
 cloudpickle.register_pickle_by_value(pipeline)
@@ -86,8 +86,8 @@ class TfDataSource(GeneratorSource):
         decoded = [codec.decode(leaf) for codec, leaf in zip(self._codecs, leaves)]
         return tf.nest.pack_sequence_as(self._element_spec, decoded)
 
-    def _stable_name(self):
-        return stable_name(self._pipeline_fn)
+    def _user_fn(self):
+        return self._pipeline_fn
 
     def _remake(self, shards):
         return TfDataSource(self._pipeline_fn, shards, element_spec=self._element_spec, **self._options)
