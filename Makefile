@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TF_PACKAGE ?= tensorflow-cpu==2.21.*
 PYTEST_ARGS ?=
 
-.PHONY: venv deps build test test-all test-native test-asan test-compat test-sanitized test-mutants demo demo-quick examples-quick bench bench-images bench-cluster clean
+.PHONY: venv deps build docs test-docs test test-all test-native test-asan test-compat test-sanitized test-mutants demo demo-quick examples-quick bench bench-images bench-cluster clean
 
 venv: $(PY)
 
@@ -28,6 +28,29 @@ deps: $(VENV)/.deps
 build: deps
 	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
 	$(PY) -c "import tfray; print('tfray built against TensorFlow', tfray._native.built_tf_version())"
+
+# The documentation site: the guide (docs/*.md, MyST) and the API reference
+# from the docstrings (autodoc + napoleon), into build/docs/html. Any Sphinx
+# warning (a broken reference, a docstring that does not parse, a name
+# Sphinx cannot resolve) fails the build.
+DOCS_OUT ?= build/docs/html
+$(VENV)/.docs-deps: requirements-docs.txt | $(VENV)/.deps
+	$(PY) -m pip install --quiet -r requirements-docs.txt
+	touch $@
+
+# autodoc imports tfray: built here only if it is not yet (a build always
+# recompiles, and CI's `make test` has just built it).
+docs: $(VENV)/.docs-deps
+	$(PY) -c "import tfray" 2>/dev/null || $(MAKE) build
+	rm -rf $(DOCS_OUT)
+	$(PY) -m sphinx -W --keep-going -n -q -b html docs $(DOCS_OUT)
+	@echo "docs built in $(DOCS_OUT)/index.html"
+
+# The documentation's tests alone (`make test` runs them too): every code
+# block of README.md and docs/ and every docstring example runs, and the
+# troubleshooting page lists every message tfray raises or logs.
+test-docs: build
+	$(PY) -m pytest tests/docs $(PYTEST_ARGS)
 
 # tests/native builds the channel under ASan/UBSan on its own: test-asan runs
 # it, with the sanitizers' options, so the default suite leaves it out.
