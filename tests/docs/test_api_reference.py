@@ -1,0 +1,14 @@
+"""docs/api.md documents every public name, and only public names."""
+
+import os
+import re
+
+import tfray
+from messages import REPO
+
+
+def test_the_reference_covers_tfray_all():
+    """A name added to ``tfray.__all__`` without a reference entry fails here (Sphinx would not notice)."""
+    text = open(os.path.join(REPO, "docs", "api.md"), encoding="utf-8").read()
+    documented = set(re.findall(r"^\.\. (?:auto\w+|py:\w+):: tfray\.(\w+)", text, re.M))
+    assert documented == set(tfray.__all__), (sorted(documented), sorted(tfray.__all__))
