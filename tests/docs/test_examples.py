@@ -22,8 +22,7 @@ import pkgutil
 import re
 
 import pytest
-
-from messages import REPO
+from source_messages import REPO, read
 
 PAGES = ["README.md"] + sorted(
     os.path.join("docs", name) for name in os.listdir(os.path.join(REPO, "docs")) if name.endswith(".md")
@@ -41,7 +40,7 @@ DOCSTRINGS_NOT_RUN = {
 
 def code_blocks(path):
     """(line, info, text, not-run reason or None) of each fenced block of a Markdown page."""
-    lines = open(os.path.join(REPO, path), encoding="utf-8").read().split("\n")
+    lines = read(os.path.join(REPO, path)).split("\n")
     blocks, i = [], 0
     while i < len(lines):
         match = FENCE.match(lines[i])

@@ -3,8 +3,7 @@
 import os
 
 import pytest
-
-import messages
+import source_messages as messages
 
 PAGE = os.path.join(messages.REPO, "docs", "troubleshooting.md")
 

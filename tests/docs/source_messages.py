@@ -117,9 +117,12 @@ def _literal_bindings(body):
 def _loggers(tree):
     names = {"logging"}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-            if ast.unparse(node.value.func) == "logging.getLogger":
-                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and ast.unparse(node.value.func) == "logging.getLogger"
+        ):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
     return names
 
 
@@ -132,9 +135,14 @@ def _looks_like_an_exception(call):
     return name.endswith(("Error", "Exception", "Warning")) or _callee(call).startswith("type(")
 
 
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
 def _python_file(path):
     """The messages of one Python file, and the unreadable ones."""
-    tree = ast.parse(open(path, encoding="utf-8").read())
+    tree = ast.parse(read(path))
     rel = os.path.relpath(path, REPO)
     loggers = _loggers(tree)
     reader = _Reader(_literal_bindings(tree.body))
@@ -194,7 +202,7 @@ _STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
 def _native_file(path):
-    text = open(path, encoding="utf-8").read()
+    text = read(path)
     rel = os.path.relpath(path, REPO)
     found = []
     for match in _NATIVE_CALL.finditer(text):
@@ -244,7 +252,7 @@ _PAGE_MESSAGE = re.compile(r"^> ``(.+)``\s*$")
 def page_messages(path):
     """The messages the troubleshooting page quotes, whitespace normalized."""
     out = []
-    for line in open(path, encoding="utf-8"):
+    for line in read(path).split("\n"):
         match = _PAGE_MESSAGE.match(line)
         if match:
             out.append(normalize(match.group(1)))
