@@ -36,11 +36,13 @@ class Node:
         head: the address ``host:port`` of the head to join, or None to be the head.
         resources: custom resources it offers, or None.
         env: more environment for its processes (its workers inherit it).
+        extra: more arguments for ``ray start``.
+        port: the head's port (None: a free one).
     """
 
-    def __init__(self, cores, *, num_cpus, store_bytes, head=None, resources=None, env=None):
+    def __init__(self, cores, *, num_cpus, store_bytes, head=None, resources=None, env=None, extra=(), port=None):
         self.cores = list(cores)
-        self.port = free_port() if head is None else None
+        self.port = (port or free_port()) if head is None else None
         self.address = head or f"127.0.0.1:{self.port}"
         args = [
             "taskset", "-c", ",".join(map(str, self.cores)),
@@ -59,6 +61,7 @@ class Node:
             ]  # fmt: skip
         else:
             args.append(f"--address={head}")
+        args += list(extra)
         if resources:
             import json
 
