@@ -9,6 +9,7 @@ import collections
 import json
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -195,83 +196,21 @@ def test_dynamic_sharding_units_that_cannot_be_placed_are_said_and_bounded(quick
         assert "could not be placed within placement_timeout_s=3" in errors[0]
 
 
-def autoscaling_config(gcs_port, worker_resources):
-    """Ray's fake multi-node autoscaler: a head that offers no CPU, and one node type it may launch."""
-    return {
-        "cluster_name": "tfray-test",
-        "max_workers": 1,
-        "provider": {
-            "type": "fake_multinode",
-            "gcs_address": f"127.0.0.1:{gcs_port}",
-            "use_node_id_as_ip": True,
-            "disable_node_updaters": True,
-            "disable_launch_config_check": True,
-        },
-        "available_node_types": {
-            "ray.head.default": {"resources": {"CPU": 0}, "node_config": {}, "max_workers": 0},
-            "producers": {
-                "resources": {**worker_resources, "object_store_memory": 80 << 20},
-                "node_config": {},
-                "min_workers": 0,
-                "max_workers": 1,
-            },
-        },
-        "head_node_type": "ray.head.default",
-        "auth": {},
-        "upscaling_speed": 1.0,
-        "idle_timeout_minutes": 1.0,
-        "docker": {},
-        "file_mounts": {},
-        "cluster_synced_files": [],
-        "file_mounts_sync_continuously": False,
-        "rsync_exclude": [],
-        "rsync_filter": [],
-        "initialization_commands": [],
-        "setup_commands": [],
-        "head_setup_commands": [],
-        "worker_setup_commands": [],
-        "head_start_ray_commands": [],
-        "worker_start_ray_commands": [],
-    }
+AUTOSCALING = os.path.join(os.path.dirname(os.path.dirname(__file__)), "support", "autoscaling_cluster.py")
 
 
-def test_an_autoscaler_sees_the_demand_of_producers_no_node_can_run(tmp_path, quick_watch, caplog):
+def test_an_autoscaler_sees_the_demand_of_producers_no_node_can_run():
     """Producers that ask a resource only a node type the autoscaler may launch offers: it launches one, they run there.
 
     Producers ask no CPU (lockstep epochs would deadlock on their reservations),
     so it is a resource they ask that an autoscaler sees; tfray says they wait meanwhile.
+    Ray's fake autoscaling cluster, in a process of its own (support/autoscaling_cluster.py).
     """
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "benchmarks"))
-    import nodes
-
     if ray.is_initialized():
-        ray.shutdown()
-    port = nodes.free_port()
-    config = tmp_path / "autoscaling.json"
-    config.write_text(json.dumps(autoscaling_config(port, {"CPU": 1, "tfray_test_producer": 2})))
-    head = nodes.Node(
-        [0, 1],
-        num_cpus=0,
-        store_bytes=80 << 20,
-        port=port,
-        extra=[f"--autoscaling-config={config}"],
-        env={"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"},
-    )
-    try:
-        nodes.connect(head.address, 1)
-        (head_node,) = (n["NodeID"] for n in ray.nodes() if n["Alive"])
-        ds = tfray.Dataset.from_generators(
-            noting_its_node,
-            2,
-            element_spec=SPEC,
-            ray_remote_args={"num_cpus": 0, "resources": {"tfray_test_producer": 1}},
-        )
-        with caplog.at_level(logging.WARNING, logger="tfray"):
-            counts = producers_per_node(ds)
-        launched = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != head_node]
-        assert len(launched) == 1, "the autoscaler launched no node"
-        assert counts == {launched[0]: 2}
-        assert "2 producer(s) have waited" in caplog.text, "nothing said while they waited for the node"
-    finally:
-        ray.shutdown()
-        head.stop(timeout=5)  # Its fake nodes' processes keep `ray start` from ending sooner on a SIGTERM.
+        ray.shutdown()  # Its cluster is this machine's only one meanwhile.
+    process = subprocess.run([sys.executable, AUTOSCALING], capture_output=True, text=True, timeout=240)
+    assert process.returncode == 0, process.stderr[-4000:]
+    out = json.loads(process.stdout.strip().splitlines()[-1])
+    assert len(out["launched"]) == 1, "the autoscaler launched no node"
+    assert out["counts"] == {out["launched"][0]: 2}
+    assert any("2 producer(s) have waited" in w for w in out["warnings"]), out["warnings"]
