@@ -131,7 +131,9 @@ class UnitRefs(BundledRefs):
     @property
     def unplaced(self):
         """The open units' producers that cannot be placed, as one Unplaced (or None)."""
-        waiting = [u for u in (getattr(s, "unplaced", None) for s in self._open.values()) if u is not None]
+        # Read by stats() from another thread: list() copies the values at once.
+        streams = list(self._open.values())
+        waiting = [u for u in (getattr(s, "unplaced", None) for s in streams) if u is not None]
         if not waiting:
             return None
         return Unplaced(sum(u.producers for u in waiting), min(u.since for u in waiting))

@@ -168,11 +168,20 @@ class Feeder:
         self._channel = channel
         self.refs_in_flight = 0  # Read by stats(); an int store is atomic.
         self.lookahead = channel.capacity  # Likewise.
-        self.unplaced = None  # Likewise: the stream's (streams.py).
 
     @property
     def channel(self):
         return self._channel
+
+    @property
+    def unplaced(self):
+        """The epoch's producers that cannot be placed (streams.py), for stats(); None once it ended.
+
+        Read from the stream when asked, not on every turn of the feeder.
+        Ray Data's stream starts no producers of tfray's: it has none.
+        """
+        stream = self._stream
+        return None if stream is None else getattr(stream, "unplaced", None)
 
     @property
     def recording(self):
@@ -228,7 +237,6 @@ class Feeder:
             with ray_api.held():  # Dropping refs and generators calls into Ray.
                 self._stream = None  # Stats outlive the epoch; its data need not.
             self.refs_in_flight = 0
-            self.unplaced = None
             self._channel.close()
         return False
 
@@ -242,8 +250,6 @@ class Feeder:
         while not self._channel.cancelled:
             items = self._stream.next_ready(_POLL_S)
             self.refs_in_flight = self._stream.in_flight
-            # Ray Data's stream starts no producers of tfray's: it has none.
-            self.unplaced = getattr(self._stream, "unplaced", None)
             if items is None:
                 return True  # Every batch is in the channel.
             if items and not self._deliver(items, lookahead):

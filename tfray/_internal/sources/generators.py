@@ -207,6 +207,7 @@ class GeneratorShards(BundledRefs):
         self._token = stops.new_token()
         self._placement = placement.Placement(producers_on, ray_remote_args, name)
         self._watch = placement.Watch(name, ray_remote_args, placement_timeout_s)
+        self._progress_at = time.monotonic()  # When a producer was last found ready.
         for _ in range(concurrency):
             self._running.append(self._start_next())
         self.done = not self._running
@@ -319,18 +320,20 @@ class GeneratorShards(BundledRefs):
 
     @property
     def unplaced(self):
-        return self._watch.unplaced
+        """The watch's Unplaced, unless a producer was ready since."""
+        unplaced = self._watch.unplaced
+        return unplaced if unplaced is not None and unplaced.since == self._progress_at else None
 
     def _watched_ready(self, timeout):
-        """``_next_ready``, telling the placement watch what it found at least every CHECK_S."""
+        """``_next_ready``, telling the placement watch when it found none, at least every CHECK_S."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = placement.CHECK_S if deadline is None else max(0.0, deadline - time.monotonic())
             position = self._next_ready(min(left, placement.CHECK_S))
             if position is not None:
-                self._watch.progressed()
+                self._progress_at = time.monotonic()
                 return position
-            self._watch.waited(len(self._running))  # Raises once it times out.
+            self._watch.waited(len(self._running), self._progress_at)  # Raises once it times out.
             if deadline is not None and time.monotonic() >= deadline:
                 return None
 

@@ -194,13 +194,14 @@ _waiting_warned = {}
 class Watch:
     """Whether one epoch's producers wait for a node that none alive offers.
 
-    The epoch's stream calls ``waited(running)`` each time it finds no
-    producer ready, and ``progressed()`` when one is. After ``CHECK_S``
-    with no progress it asks, every ``CHECK_S`` (a read of Ray's node
-    table), whether the producers can be placed. While they cannot,
-    ``unplaced`` says so (``stats()``), a warning names the dataset at
-    most once a minute, and past ``timeout_s`` (if not None) ``waited``
-    raises an ``EpochError``, which ends the epoch.
+    The epoch's stream calls ``waited(running, since)`` each time it finds
+    no producer ready, ``since`` its last progress (``time.monotonic()``).
+    After ``CHECK_S`` with no progress it asks, every ``CHECK_S`` (a read
+    of Ray's node table), whether the producers can be placed. While they
+    cannot, ``unplaced`` says so (``stats()``; stale once the stream has
+    progressed since), a warning names the dataset at most once a minute,
+    and past ``timeout_s`` (if not None) ``waited`` raises an
+    ``EpochError``, which ends the epoch.
 
     Args:
         name: the dataset, for messages (``from_generators(read_shard)``).
@@ -213,27 +214,21 @@ class Watch:
         self._args = ray_remote_args
         self._timeout_s = timeout_s
         self._check_s = CHECK_S if timeout_s is None else min(CHECK_S, timeout_s)
-        self._since = time.monotonic()  # The last progress.
-        self._next_check = self._since + self._check_s
-        self.unplaced = None  # An Unplaced while the producers cannot be placed.
+        self._next_check = 0.0  # No check before then either.
+        self.unplaced = None  # An Unplaced when the last check found they cannot be placed.
 
-    def progressed(self):
-        self._since = time.monotonic()
-        self._next_check = self._since + self._check_s
-        self.unplaced = None
-
-    def waited(self, running):
-        """No producer of ``running`` (how many run) was ready: checks when due."""
+    def waited(self, running, since):
+        """No producer of ``running`` (how many run) was ready since ``since``: checks when due."""
         now = time.monotonic()
-        if not running or now < self._next_check:
+        if not running or now < since + self._check_s or now < self._next_check:
             return
         self._next_check = now + self._check_s
         why = unplaceable(self._args)
         if why is None:
             self.unplaced = None
             return
-        self.unplaced = Unplaced(running, self._since)
-        waited = now - self._since
+        self.unplaced = Unplaced(running, since)
+        waited = now - since
         if self._timeout_s is not None and waited >= self._timeout_s:
             raise EpochError(
                 Code.UNAVAILABLE,
