@@ -216,7 +216,8 @@ class GeneratorShards(BundledRefs):
         """Up to n ``(Bundle, ref)`` pairs; waits at most ``timeout`` for the first."""
         out = []
         while len(out) < n and self._running:
-            position = self._watched_ready(timeout if not out else 0)
+            # Once one is taken, the epoch progressed: the rest need no watch.
+            position = self._next_ready(0) if out else self._watched_ready(timeout)
             if position is None:
                 break
             shard, generator = self._running[position]
