@@ -152,12 +152,14 @@ bench: build
 bench-images: build
 	$(PY) benchmarks/end_to_end.py $(BENCH_ARGS)
 
-# One tf.data image pipeline on one input core (a Ray node of its own, or a
-# tf.data service worker) feeding a trainer on the other core: local
-# tf.data, tf.data service, tfray's from_tf_data and from_generators.
-# Needs 2 cores and taskset; about 10 minutes; BENCH_ARGS=--quick for 2.
+# Two Ray nodes on this machine, each its own `ray start`, store and core:
+# the trainer's (--num-cpus=0, core 0) and an input node (core 1), with a
+# tf.data service worker on core 1 too. One tf.data image pipeline: local
+# tf.data, tf.data service, tfray across the nodes and on the trainer's
+# node, Ray's own loop across them. Needs 2 cores and taskset; about 12
+# minutes; BENCH_ARGS=--quick for 3.
 bench-cluster: build
-	$(PY) benchmarks/cluster.py $(BENCH_ARGS)
+	$(PY) benchmarks/cluster.py --chart benchmarks/cluster.png $(BENCH_ARGS)
 
 clean:
 	rm -rf build *.egg-info tfray/_native*.so tfray/_build_info.py .pytest_cache

@@ -75,6 +75,11 @@ class Node:
             start_new_session=True,  # Its own process group, stopped as one.
         )
 
+    @property
+    def pgid(self):
+        """The process group of the node's processes (its own session)."""
+        return self._process.pid
+
     def stop(self, timeout=30):
         """Stops the node's processes (raylet, store, workers; the GCS for a head)."""
         if self._process.poll() is not None:
