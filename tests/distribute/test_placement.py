@@ -114,7 +114,7 @@ def quick_watch(monkeypatch):
     from tfray._internal.sources import placement
 
     monkeypatch.setattr(placement, "CHECK_S", 0.3)
-    monkeypatch.setattr(placement, "_waiting_warned", {})
+    monkeypatch.setattr(placement, "_warned", {})
 
 
 def wait_for(condition, timeout_s, what):

@@ -47,9 +47,21 @@ PRODUCERS_ON = ("cluster", "other_nodes", "this_node")
 RAYS_OWN = ("scheduling_strategy", "placement_group", "resources", "label_selector")
 
 
-# (dataset, producers_on) -> when this process may warn of it again.
+# A warning's key (its kind and dataset) -> when this process may give it again.
 _warned = {}
 WARN_EVERY_S = 60.0
+
+
+def _warn_now(key):
+    """Whether to give the warning of ``key`` now: at most once every WARN_EVERY_S.
+
+    Every epoch (every unit, sharded dynamically) would say it again.
+    """
+    now = time.monotonic()
+    if now < _warned.get(key, 0.0):
+        return False
+    _warned[key] = now + WARN_EVERY_S
+    return True
 
 
 def check(producers_on):
@@ -155,10 +167,7 @@ class Placement:
                 and n["Resources"].get("CPU", 0.0) > 0
                 and (producers_on == "cluster" or n["NodeID"] != here)
             }
-        now = time.monotonic()
-        if not self._cpus and now >= _warned.get((name, producers_on), 0.0):
-            # At most once a minute: every epoch (every unit, sharded dynamically) would say it again.
-            _warned[(name, producers_on)] = now + WARN_EVERY_S
+        if not self._cpus and _warn_now(("no CPUs", name, producers_on)):
             logger.warning(
                 "%s: no alive node offers CPUs%s (producers_on=%r); the producers are "
                 "left to Ray's SPREAD, which may place them on a node that offers none.",
@@ -187,8 +196,6 @@ class Placement:
 # How long an epoch's producers may make no progress before Watch asks
 # whether they can be placed, and how often it asks again while they cannot.
 CHECK_S = 5.0
-# (dataset) -> when this process may warn that its producers wait again.
-_waiting_warned = {}
 
 
 class Watch:
@@ -236,8 +243,7 @@ class Watch:
                 f"placement_timeout_s={self._timeout_s:g}: {why}. Add a node that offers it, "
                 "or ask for less in ray_remote_args.",
             )
-        if now >= _waiting_warned.get(self._name, 0.0):
-            _waiting_warned[self._name] = now + WARN_EVERY_S
+        if _warn_now(("waiting", self._name)):
             logger.warning(
                 "%s: %d producer(s) have waited %.0f s to be placed: %s. They start when a "
                 "node that offers it joins (an autoscaler sees the demand); pass "
