@@ -70,6 +70,7 @@ and ``benchmarks/throughput.png`` (committed) and
 import argparse
 import contextlib
 import dataclasses
+import functools
 import gc
 import os
 import sys
@@ -99,6 +100,7 @@ class Scenario:
     x_dtype: str
     distinct: int  # Distinct batches in the object store, cycled.
     extra: tuple = ()  # Pipeline variants run in this scenario only.
+    loads: tuple = ("idle", "busy", "light")
 
     def describe(self):
         shape = ",".join(str(d) for d in (self.rows, *self.x_shape))
@@ -124,9 +126,23 @@ SCENARIOS = {
     "16KB": Scenario(
         "16KB", 16, (256,), "float32", 16, extra=("tfray_1epoch@16", "tfray_generators@2")
     ),
+    # (d) 1 MB: 256 rows of 1024 float32, between the two; with the light
+    # consumer only.
+    "1MB": Scenario("1MB", 256, (1024,), "float32", 8, loads=("light",)),
 }
-LOADS = ("idle", "busy")
-ALL_RUNS = [f"{s}{'+busy' if load == 'busy' else ''}" for load in LOADS for s in SCENARIOS]
+# idle: the consumer sums every byte; busy: so, with a busy Python thread in
+# the trainer; light: the consumer reads one element of each batch (what a
+# GPU trainer's CPU does), which leaves the delivery path's own cost bare.
+LOADS = ("idle", "busy", "light")
+# The light consumer compares the producers' path with Ray's own loop.
+LIGHT_PIPELINES = ("ceiling", "tfray_1epoch", "tfray_generators", "ray_loop", "from_generator_tasks")
+
+
+def run_label(scenario, load):
+    return scenario + ("" if load == "idle" else f"+{load}")
+
+
+ALL_RUNS = [run_label(s, load) for load in LOADS for s, sc in SCENARIOS.items() if load in sc.loads]
 
 OBJECT_STORE_BYTES = 2 * 2**30
 
@@ -147,15 +163,35 @@ def consume(iterator, n):
     return total
 
 
-def run_consume(iterator, n):
-    """Times one ``consume`` call (Ray's loop: its own, in numpy); returns seconds."""
+@tf.function
+def consume_one(iterator, n):
+    """Takes ``n`` batches from ``iterator``; reads one element of each component.
+
+    The light consumer: what a GPU trainer's CPU does while the accelerator
+    reads the batch. The path's own cost shows, instead of hiding behind a
+    sum of every byte.
+    """
+    total = tf.constant(0.0, tf.float64)
+    for _ in tf.range(n):
+        batch = iterator.get_next()
+        for t in tf.nest.flatten(batch):
+            total += tf.cast(tf.reshape(t, [-1])[0], tf.float64)
+    return total
+
+
+def run_consume(iterator, n, light=False):
+    """Times one ``consume`` (or, ``light``, ``consume_one``) call; returns seconds.
+
+    Ray's loop reads its batches alike, in numpy.
+    """
     if isinstance(iterator, pipelines.RayLoop.Iterator):
         start = time.perf_counter()
-        iterator.consume(n)
+        iterator.consume(n, light=light)
         return time.perf_counter() - start
     n = tf.constant(n, tf.int64)
+    fn = consume_one if light else consume
     start = time.perf_counter()
-    consume(iterator, n).numpy()
+    fn(iterator, n).numpy()
     return time.perf_counter() - start
 
 
@@ -233,21 +269,23 @@ def rss_kb():
     return fields
 
 
-def measure(dataset, *, busy, seconds, distinct, min_probe_s):
+def measure(dataset, *, busy, seconds, distinct, min_probe_s, light=False):
     """One timed sample of ``dataset``: warm-up, probe, then a timed run.
 
     Returns a dict with the batches, seconds and CPU seconds of the timed run:
     ``cpu_s_per_batch`` the trainer process's (all threads),
-    ``busy_cpu_s_per_batch`` the busy thread's share of it.
+    ``busy_cpu_s_per_batch`` the busy thread's share of it. ``light``: the
+    consumer reads one element of each batch instead of every byte.
     """
     iterator = iter(dataset)
+    timed = functools.partial(run_consume, light=light)
     busy_start = time.perf_counter()
     with BusyThread(busy) as load:
-        run_consume(iterator, 2 * distinct)  # Trace, fill buffers, read every batch twice.
+        timed(iterator, 2 * distinct)  # Trace, fill buffers, read every batch twice.
         with frozen_heap():
             probe = distinct
             while True:
-                dt = run_consume(iterator, probe)
+                dt = timed(iterator, probe)
                 if dt >= min_probe_s or probe >= 1_000_000:
                     break
                 probe *= 4 if dt < min_probe_s / 4 else 2
@@ -260,7 +298,7 @@ def measure(dataset, *, busy, seconds, distinct, min_probe_s):
             # until it covers at least half of ``seconds``, instead of timing a
             # fraction of a second right after the stall.
             while dt < seconds / 2:
-                dt += run_consume(iterator, step)
+                dt += timed(iterator, step)
                 n += step
             cpu, busy_cpu = time.process_time() - cpu, load.cpu_s() - busy_cpu
             machine = [None if a is None else b - a for a, b in zip(machine, machine_cpu_s())]
@@ -346,7 +384,10 @@ def run_scenario(scenario, loads, names, args, log):
     results = {}
     for i, load in enumerate(loads):
         busy = load == "busy"
-        samples = {name: [] for name in names}
+        names_now = names
+        if load == "light":
+            names_now = [n for n in names if n.split("@")[0] in LIGHT_PIPELINES]
+        samples = {name: [] for name in names_now}
         # Warm-up rounds first (round 0), once per scenario, not counted: the
         # first pipelines to run would pay alone for the store's fresh pages
         # and for starting Ray's workers.
@@ -354,8 +395,8 @@ def run_scenario(scenario, loads, names, args, log):
         for rnd in range(-warmup, args.rounds):
             # Each round starts one pipeline further on, so no pipeline always
             # runs first (after set-up) or right after the same neighbour.
-            shift = rnd % len(names)
-            for name in names[shift:] + names[:shift]:
+            shift = rnd % len(names_now)
+            for name in names_now[shift:] + names_now[:shift]:
                 gc.collect()
                 ds, source = build(name, batches, refs, spec, ray_data)
                 sample = measure(
@@ -364,6 +405,7 @@ def run_scenario(scenario, loads, names, args, log):
                     seconds=args.seconds,
                     distinct=scenario.distinct,
                     min_probe_s=args.min_probe_s,
+                    light=load == "light",
                 )
                 sample["gb_per_s"] = sample["batches_per_s"] * bytes_per_batch / 1e9
                 if source is not None:
@@ -517,11 +559,7 @@ def main(argv=None):
     results = []
     rss = None
     for scenario in SCENARIOS.values():
-        loads = [
-            load
-            for load in LOADS
-            if f"{scenario.name}{'+busy' if load == 'busy' else ''}" in args.runs
-        ]
+        loads = [load for load in scenario.loads if run_label(scenario.name, load) in args.runs]
         if not loads:
             continue
         by_load, bytes_per_batch, scenario_rss = run_scenario(
