@@ -20,6 +20,12 @@ Why it is fair:
   batches are float32, where the two are close; TensorFlow's uint8 sum costs
   1.5x numpy's), so RESULTS.md also shows each path's trainer CPU less its
   consumer's sum.
+- **Light consumer** (``+light`` scenarios): ``consume_one`` reads one
+  element of each component instead, what a GPU trainer's CPU does while
+  the accelerator reads the batch; Ray's loop reads one element in numpy.
+  The sum's cost then no longer hides the delivery path's own: these rows
+  compare ``from_generators`` with Ray's own loop over the same producers,
+  at four sizes (1 MB with this consumer only).
 - **Same conditions.** Each pipeline's iterator is created and warmed up
   (traced, buffers filled, every distinct batch read twice) before the timed
   calls, each of a number of batches chosen from a short probe to take about
@@ -61,7 +67,7 @@ It also measures the trainer's resident memory around one long tfray run
 batches: a leak of one pinned batch per step would show as hundreds.
 
 Run it as ``make bench`` or ``python benchmarks/run.py [--quick]
-[--scenarios 12MB,16KB+busy]``. A full run writes ``benchmarks/RESULTS.md``
+[--scenarios 12MB,16KB+busy,1MB+light]``. A full run writes ``benchmarks/RESULTS.md``
 and ``benchmarks/throughput.png`` (committed) and
 ``benchmarks/results/latest.json``; a quick or partial run writes only under
 ``benchmarks/results/``.
