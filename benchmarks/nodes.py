@@ -90,6 +90,29 @@ class Node:
         except subprocess.TimeoutExpired:
             os.killpg(self._process.pid, signal.SIGKILL)
             self._process.wait()
+        if self.port is not None:
+            _forget_head(self.port)
+
+
+def _forget_head(port):
+    """Removes Ray's record of the head at ``port`` as the current cluster, if it is.
+
+    ``ray start --head`` records its address for a later ``ray.init()`` with
+    none to connect to; killed, it leaves the record behind, and the next
+    program's ``ray.init()`` would wait on a head that is gone.
+    """
+    try:
+        from ray._common.utils import get_ray_address_file
+    except ImportError:  # Older Ray.
+        from ray._private.utils import get_ray_address_file
+    path = get_ray_address_file(None)
+    try:
+        with open(path) as f:
+            recorded = f.read().strip()
+        if recorded.endswith(f":{port}"):
+            os.remove(path)
+    except OSError:
+        pass
 
 
 def connect(address, nodes, timeout=120):

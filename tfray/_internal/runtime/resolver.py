@@ -28,6 +28,9 @@ class RefResolver:
         self._refs = refs
         self.lookahead = lookahead
         self._window = collections.deque()  # (label, ref); feeder thread only.
+        # How the head's polls start: by the last waits for a head (a batch
+        # from another node takes as long as its transfer), not at 0.5 ms.
+        self._pace = ray_api.Pace()
         self._per_ref = 1.0  # Batches a ref stands for, on average.
         self._all_ready = True  # Try the whole window in one ray.get (_get_window).
         # Reads objects like those read before without Ray's deserialization (decoder.py).
@@ -101,7 +104,7 @@ class RefResolver:
         done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
         head = self._window[0][1]
         if head not in set(done):
-            if not ray_api.poll([head], timeout):  # Never blocks in Ray (ray_api).
+            if not ray_api.poll([head], timeout, pace=self._pace):  # Never blocks in Ray (ray_api).
                 return []
             done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
         done = set(done)
