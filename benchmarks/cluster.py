@@ -384,12 +384,21 @@ def parse_args(argv):
     parser.add_argument("--data", default=os.path.join(HERE, "data"), help="where the JPEG set is kept")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "cluster.json"), help="JSON path")
     parser.add_argument("--chart", default=None, help="write the chart here (PNG)")
+    parser.add_argument(
+        "--ray-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Ray setting for both nodes, e.g. RAY_object_manager_default_chunk_size=33554432 (repeatable)",
+    )
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.seconds = args.seconds or (3.0 if args.quick else 8.0)
     args.row_names = [r for r in args.rows.split(",") if r]
     args.dtype_names = [d for d in args.dtypes.split(",") if d]
+    if not all("=" in e for e in args.ray_env):
+        parser.error("--ray-env takes NAME=VALUE")
     if not set(args.row_names) <= set(ROWS) or not set(args.dtype_names) <= set(DTYPES):
         parser.error(f"--rows: some of {', '.join(ROWS)}; --dtypes: some of {', '.join(DTYPES)}")
     return args
@@ -411,7 +420,7 @@ def main(argv=None):
     pinned = ["taskset", "-c", str(INPUT_CORE)]
     service = subprocess.Popen([*pinned, sys.executable, __file__, "--serve", str(port)])
     # Workers import end_to_end (the pipeline's functions) from here.
-    env = {"PYTHONPATH": HERE}
+    env = {"PYTHONPATH": HERE, **dict(e.split("=", 1) for e in args.ray_env)}
     head = nodes.Node([TRAINER_CORE], num_cpus=0, store_bytes=STORE_BYTES, env=env)
     node = nodes.Node([INPUT_CORE], num_cpus=1, store_bytes=STORE_BYTES, env=env, head=head.address)
     import ray
