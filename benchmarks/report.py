@@ -62,6 +62,11 @@ def trainer_cpu(samples):
 LOAD_SUFFIXES = {"idle": "", "busy": " + busy thread", "light": " + light consumer"}
 
 
+def run_label(scenario, load):
+    """A scenario and load as ``--scenarios`` names them: "12MB+busy" ("idle" reads as nothing)."""
+    return scenario + ("" if load == "idle" else f"+{load}")
+
+
 def scenario_label(r, sep=" "):
     """A row's scenario and load: "12MB + busy thread"."""
     return r["scenario"] + LOAD_SUFFIXES[r["load"]].replace(" + ", sep + "+ ", 1)
@@ -279,7 +284,7 @@ def targets(rows, rss):
         out.append(
             {
                 "target": what,
-                "scenario": scenario + ("" if load == "idle" else f"+{load}"),
+                "scenario": run_label(scenario, load),
                 "measured": value,
                 "goal": goal,
                 "at_most": at_most,

@@ -144,10 +144,7 @@ LOADS = ("idle", "busy", "light")
 LIGHT_PIPELINES = ("ceiling", "tfray_1epoch", "tfray_generators", "ray_loop", "from_generator_tasks")
 
 
-def run_label(scenario, load):
-    return scenario + ("" if load == "idle" else f"+{load}")
-
-
+run_label = report.run_label
 ALL_RUNS = [run_label(s, load) for load in LOADS for s, sc in SCENARIOS.items() if load in sc.loads]
 
 OBJECT_STORE_BYTES = 2 * 2**30
