@@ -357,12 +357,9 @@ class GeneratorShards(BundledRefs):
         return generators.index(ready[0]) if ready else None
 
 
-# Producer options that reserve resources, which a paused producer keeps.
-_RESERVING = ("num_gpus", "resources", "memory", "accelerator_type", "placement_group")
-
-
 def _reserves_resources(ray_remote_args):
-    return any((ray_remote_args or {}).get(name) for name in _RESERVING)
+    """Whether a producer reserves resources, which it keeps while paused: any a node must offer, or a group's."""
+    return bool(placement.asks(ray_remote_args)) or bool((ray_remote_args or {}).get("placement_group"))
 
 
 def _spec_of(first):
