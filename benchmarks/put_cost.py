@@ -34,8 +34,9 @@ of 38.5 MB, or uint8 ones of 9.6 MB) in one Ray actor pinned to one core,
 run three ways in turn, each round: ``loop``, the pipeline in a plain loop
 that reads one element of each batch; ``loop + copy``, and each batch
 copied into buffers made once (one memory copy); ``producer``, the code a
-``from_tf_data`` producer runs (its ``PipelineBatches`` and ``bundles``,
-Ray's streaming generator, the driver taking each ref). Its process's CPU
+``from_tf_data`` producer runs past the pipeline (its ``bundles``, Ray's
+streaming generator, the driver taking each ref), over the same iterator.
+Its process's CPU
 per batch, and the producer's and the copy's excess over the loop of the
 same round: whether the producer costs its core more than one copy of
 each batch. The actor first runs the producer through twice the store, so

@@ -144,8 +144,7 @@ LOADS = ("idle", "busy", "light")
 LIGHT_PIPELINES = ("ceiling", "tfray_1epoch", "tfray_generators", "ray_loop", "from_generator_tasks")
 
 
-run_label = report.run_label
-ALL_RUNS = [run_label(s, load) for load in LOADS for s, sc in SCENARIOS.items() if load in sc.loads]
+ALL_RUNS = [report.run_label(s, load) for load in LOADS for s, sc in SCENARIOS.items() if load in sc.loads]
 
 OBJECT_STORE_BYTES = 2 * 2**30
 
@@ -562,7 +561,7 @@ def main(argv=None):
     results = []
     rss = None
     for scenario in SCENARIOS.values():
-        loads = [load for load in scenario.loads if run_label(scenario.name, load) in args.runs]
+        loads = [load for load in scenario.loads if report.run_label(scenario.name, load) in args.runs]
         if not loads:
             continue
         by_load, bytes_per_batch, scenario_rss = run_scenario(
