@@ -100,7 +100,7 @@ def _pauses_on_this_thread(monkeypatch):
     return pauses
 
 
-def test_a_paced_poll_starts_at_half_its_last_wait_within_poll_s_bounds(monkeypatch):
+def test_a_paced_poll_pauses_half_its_last_wait_within_its_bounds(monkeypatch):
     from tfray._internal.runtime import ray_api
 
     pace = ray_api.Pace()
@@ -113,18 +113,51 @@ def test_a_paced_poll_starts_at_half_its_last_wait_within_poll_s_bounds(monkeypa
         assert pauses[0] == ray_api._FIRST_PAUSE_S
         made = _stream.remote("made after 50 ms")
         assert ray_api.poll([made], 60, fetch_local=False, pace=pace) == [made]
-        assert pace.first == ray_api._LAST_PAUSE_S  # Half its wait (over 50 ms), within poll's bound.
+        # Half its wait (over 50 ms): past the 10 ms an unpaced poll backs off to.
+        assert ray_api._LAST_PAUSE_S < pace.first <= ray_api._PACED_PAUSE_S
+        learned = pace.first
         del pauses[:]
-        assert ray_api.poll([stream], 0.1, fetch_local=False, pace=pace) == []
-        assert pauses[0] == ray_api._LAST_PAUSE_S  # It starts where the last wait said.
+        assert ray_api.poll([stream], 0.5, fetch_local=False, pace=pace) == []
+        assert pauses[0] == learned  # It starts where the last wait said,
+        assert pauses[1] == learned  # and stays there, not at 10 ms.
         assert ray_api.poll([made], 0, fetch_local=False, pace=pace) == [made]
-        assert pace.first == ray_api._LAST_PAUSE_S  # Found at once: nothing waited, nothing learned.
+        assert pace.first == learned  # Found at once: nothing waited, nothing learned.
     finally:
         ray.cancel(stream)
     pace.waited(0.004)
     assert pace.first == 0.002  # Shorter waits bring it down.
     pace.waited(0.0)
     assert pace.first == ray_api._FIRST_PAUSE_S
+    pace.waited(10.0)
+    assert pace.first == ray_api._PACED_PAUSE_S  # A stall's wait: an item is still seen within 50 ms.
+
+
+def test_a_wait_that_outlasts_a_poll_is_learned_whole(monkeypatch):
+    """A poll right after one that gave up goes on with its wait; one that starts later does not."""
+    from tfray._internal.runtime import ray_api
+
+    ready_at = [None]
+
+    def ready_now(refs, fetch_local):
+        return refs if time.monotonic() >= ready_at[0] else []
+
+    monkeypatch.setattr(ray_api, "_ready_now", ready_now)
+
+    def two_polls(gap):
+        """Polls that give up at 20 ms, then (``gap`` s later) find an item made at 60 ms."""
+        pace = ray_api.Pace()
+        start = time.monotonic()
+        ready_at[0] = start + 0.06
+        assert ray_api.poll(["item"], 0.02, pace=pace) == []
+        time.sleep(gap)
+        resumed = time.monotonic()
+        assert ray_api.poll(["item"], 5, pace=pace) == ["item"]
+        return pace.first, start, resumed, time.monotonic()
+
+    first, start, _, found = two_polls(0)
+    assert first == pytest.approx((found - start) / 2, abs=0.002)  # The whole wait, not its last 40 ms.
+    first, _, resumed, found = two_polls(0.015)
+    assert first == pytest.approx((found - resumed) / 2, abs=0.002)  # Not right after: a wait of its own.
 
 
 def test_a_feeder_waiting_on_a_steady_producer_asks_it_less_often(monkeypatch):

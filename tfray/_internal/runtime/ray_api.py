@@ -33,9 +33,10 @@ import ray.exceptions
 
 from tfray._internal.runtime.status import BatchError, Code, EpochError
 
-# How poll's polls back off.
+# How poll's polls back off; a Pace's first pause is at most _PACED_PAUSE_S.
 _FIRST_PAUSE_S = 0.0005
 _LAST_PAUSE_S = 0.01
+_PACED_PAUSE_S = 0.05
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -151,21 +152,44 @@ def session():
 
 
 class Pace:
-    """How long a poller's ``poll`` pauses first: half of what its last poll that had to wait waited.
+    """How long a poller's ``poll`` pauses: half of what its last poll that had to wait waited.
 
-    Each pause costs the polling thread a wake-up (20 to 60 us of CPU, and
-    the GIL). Producers deliver at a steady pace: a feeder whose polls each
-    started at 0.5 ms asked about four times a batch of 38 MB, paced about
-    twice. A wait that grows or shrinks moves it within a few polls, and it
-    stays within poll's 0.5 to 10 ms: an item is seen within 10 ms, as
-    without it.
+    Each pause costs the polling thread a wake-up and an ask (20 to 80 us of
+    CPU, and the GIL). Producers deliver at a steady pace: a feeder whose
+    polls each started at 0.5 ms asked about four times a batch of 38 MB,
+    paced about twice. Where batches come slower than one in 20 ms (a
+    producer on another node), its pauses stay at that half too, instead of
+    10 ms: 10 ms pauses asked about 28 times a batch that came every 140
+    ms, 3.5 ms of the trainer's CPU. A wait that grows or shrinks moves it
+    within a few polls; it stays within 0.5 to 50 ms, so an item is seen
+    within 10 ms or half the last wait, whichever is longer.
+
+    A wait outlasts its poller's timeout (the feeder's 0.1 s) when items come
+    slower than that: a poll that starts right after the last one gave up
+    goes on with that wait, so that the wait is learned whole.
     """
 
     def __init__(self):
         self.first = _FIRST_PAUSE_S
+        self._since = None  # When the wait a poll gave up on began,
+        self._gave_up = None  # and when it gave up.
 
     def waited(self, seconds):
-        self.first = min(max(seconds / 2, _FIRST_PAUSE_S), _LAST_PAUSE_S)
+        self.first = min(max(seconds / 2, _FIRST_PAUSE_S), _PACED_PAUSE_S)
+
+    def resume(self, now):
+        """When the wait of a poll starting ``now`` began: earlier if it goes on with one given up."""
+        if self._since is not None and now - self._gave_up <= _LAST_PAUSE_S:
+            return self._since
+        return now
+
+    def gave_up(self, since, now):
+        self._since, self._gave_up = since, now
+
+    def found(self, since, now, paused):
+        if paused or since < now - _LAST_PAUSE_S:  # It had to wait, in this poll or the last.
+            self.waited(now - since)
+        self._since = None
 
 
 def poll(refs, timeout, *, fetch_local=True, pace=None):
@@ -173,14 +197,17 @@ def poll(refs, timeout, *, fetch_local=True, pace=None):
 
     [] if none was; None: no limit. Each poll asks Ray without waiting
     (``_ready_now``, so a shutdown never waits on one), and raises the
-    shutdown error once Ray is down; the polls back off from 0.5 ms (or
-    ``pace.first``, a Pace that learns from this poll) to 10 ms.
+    shutdown error once Ray is down; the polls back off from 0.5 ms to 10
+    ms, or with ``pace`` (a Pace that learns from this poll) from
+    ``pace.first`` to the longer of 10 ms and ``pace.first``.
     ``fetch_local`` as ``ray.wait``'s: with it, every poll of an object
     that exists asks the raylet (an IPC round trip) whether it is local.
     """
     start = time.monotonic()
     deadline = None if timeout is None else start + timeout
     pause = _FIRST_PAUSE_S if pace is None else pace.first
+    longest = _LAST_PAUSE_S if pace is None else max(_LAST_PAUSE_S, pace.first)
+    since = start if pace is None else pace.resume(start)
     paused = False
     while True:
         with _LOCK:  # entered(), spelled out (see get).
@@ -188,14 +215,16 @@ def poll(refs, timeout, *, fetch_local=True, pace=None):
                 raise shutdown_error()
             ready = _ready_now(refs, fetch_local)
         now = time.monotonic()
-        if ready and paused and pace is not None:
-            pace.waited(now - start)
         left = None if deadline is None else deadline - now
+        if pace is not None and ready:
+            pace.found(since, now, paused)
+        elif pace is not None and paused and left is not None and left <= 0:
+            pace.gave_up(since, now)
         if ready or (left is not None and left <= 0):
             return ready
         time.sleep(pause if left is None else min(pause, left))
         paused = True
-        pause = min(2 * pause, _LAST_PAUSE_S)
+        pause = min(2 * pause, longest)
 
 
 def _ready_now(refs, fetch_local):
