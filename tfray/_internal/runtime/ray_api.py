@@ -158,11 +158,12 @@ class Pace:
     CPU, and the GIL). Producers deliver at a steady pace: a feeder whose
     polls each started at 0.5 ms asked about four times a batch of 38 MB,
     paced about twice. Where batches come slower than one in 20 ms (a
-    producer on another node), its pauses stay at that half too, instead of
-    10 ms: 10 ms pauses asked about 28 times a batch that came every 140
-    ms, 3.5 ms of the trainer's CPU. A wait that grows or shrinks moves it
-    within a few polls; it stays within 0.5 to 50 ms, so an item is seen
-    within 10 ms or half the last wait, whichever is longer.
+    producer on another node), its pauses stay at that half too, instead
+    of 10 ms: 10 ms pauses asked about 28 times a batch that came every
+    140 ms (2.2 ms of the trainer's CPU in the asks alone), these about 8.
+    A wait that grows or shrinks moves it within a few polls; it stays
+    within 0.5 to 50 ms, so an item is seen within 10 ms or half the last
+    wait, whichever is longer.
 
     A wait outlasts its poller's timeout (the feeder's 0.1 s) when items come
     slower than that: a poll that starts right after the last one gave up
