@@ -16,11 +16,10 @@ consumer costs when it waits for its input, with no Ray and no tfray.
 
 Each round runs each pipeline (of ``run.py``'s, or ``ceiling_paced``;
 ``ceiling``, ``ceiling_paced``, ``tfray_generators``, ``ray_loop`` by
-default) as ``run.py``'s light
-consumer does: batches read twice to fill buffers, then about
-``--seconds`` of ``consume_one`` calls, the heap frozen; a warm-up round
-comes first. The table gives each thread's
-CPU per batch over the timed calls (``/proc/self/task``), median over the
+default) as ``run.py``'s light consumer does: batches read twice to fill
+buffers, then about ``--seconds`` of ``consume_one`` calls, the heap
+frozen; a warm-up round comes first. The table gives each thread's CPU
+per batch over the timed calls (``/proc/self/task``), median over the
 rounds.
 
 Run: ``python benchmarks/trainer_threads.py [--scenario 38MB] [--rounds 3]``
