@@ -186,21 +186,13 @@ def core_busy_s():
 
 def group_cpu_s(pgid):
     """CPU seconds so far of each kind of process in process group ``pgid`` (a node's), by name."""
-    tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue  # Gone meanwhile.
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid:  # pgrp
+        stat = report.proc_stat(f"/proc/{pid}/stat") if pid.isdigit() else None
+        if stat is not None and stat[1] == pgid:  # None: not a process, or gone meanwhile.
+            name, _, cpu_s = stat
             kind = "raylet" if name == "raylet" else "workers" if name.startswith("ray::") else "other Ray"
-            out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+            out[kind] = out.get(kind, 0.0) + cpu_s
     return out
 
 

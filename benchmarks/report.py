@@ -77,6 +77,20 @@ def _label(name):
     return LABELS.get(base, base) + (f" ({SUFFIXES.get(base, 'max_inflight')}={k})" if k else "")
 
 
+def proc_stat(path):
+    """(name, process group, CPU seconds so far) from a ``/proc`` stat file; None once it is gone."""
+    try:
+        with open(path) as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The name is in brackets and may hold spaces; the process group, utime
+    # and stime are the 3rd, 12th and 13th fields after it.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat[stat.index("(") + 1 : stat.rindex(")")], int(fields[2]), cpu_s
+
+
 def machine_info():
     import numpy
     import ray

@@ -42,26 +42,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import pipelines  # noqa: E402
+import report  # noqa: E402
 import run  # noqa: E402
 
 
 def thread_cpu_s():
     """{thread group: CPU seconds so far} of this process's threads, alive now."""
     python_names = {t.native_id: t.name for t in threading.enumerate()}
-    tick = os.sysconf("SC_CLK_TCK")
     groups = collections.Counter()
     for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:  # The thread ended since the listing.
+        stat = report.proc_stat(f"/proc/self/task/{tid}/stat")
+        if stat is None:  # The thread ended since the listing.
             continue
-        # The name is in brackets and may hold spaces; utime and stime are
-        # the 12th and 13th fields after it.
-        name = stat[stat.index("(") + 1 : stat.rindex(")")].rstrip("0123456789")
-        fields = stat[stat.rindex(")") + 2 :].split()
-        group = python_names.get(int(tid), name)
-        groups[group] += (int(fields[11]) + int(fields[12])) / tick
+        name, _, cpu_s = stat
+        groups[python_names.get(int(tid), name.rstrip("0123456789"))] += cpu_s
     return groups
 
 
