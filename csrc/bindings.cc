@@ -85,6 +85,7 @@ PYBIND11_MODULE(_native, m) {
       .def_readonly("channel", &Request::channel)
       .def_readonly("deterministic", &Request::deterministic)
       .def_readonly("skip", &Request::skip)
+      .def_readonly("progress", &Request::progress)
       .def_readonly("offered", &Request::offered)
       .def_readonly("replayed", &Request::replayed)
       .def_readonly("ended", &Request::ended);
@@ -103,7 +104,7 @@ PYBIND11_MODULE(_native, m) {
           [](Channel& self, const py::list& batches,
              const std::vector<int>& dtypes) {
             // Each entry is a feeder.Entry, a NamedTuple: (arrays, token,
-            // bytes_copied, arrays_copied), read by position.
+            // bytes_copied, arrays_copied, origin), read by position.
             struct Pending {
               tfray::Batch batch;
               int64_t bytes_copied, arrays_copied;
@@ -117,6 +118,7 @@ PYBIND11_MODULE(_native, m) {
                   {tfray::ToBatch(t[0].cast<py::list>(), dtypes,
                                   t[1].cast<uint64_t>(), &store),
                    t[2].cast<int64_t>(), t[3].cast<int64_t>()});
+              pending.back().batch.origin = tfray::ToOrigin(t[4]);
             }
             py::gil_scoped_release release;
             size_t pushed = 0;
@@ -134,7 +136,7 @@ PYBIND11_MODULE(_native, m) {
             return pushed;
           },
           py::arg("batches"), py::arg("dtypes"),
-          "Pushes feeder.Entry tuples (arrays, token, bytes_copied, arrays_copied) in "
+          "Pushes feeder.Entry tuples (arrays, token, bytes_copied, arrays_copied, origin) in "
           "order, waiting for room; returns how many went in before the "
           "consumer cancelled.")
       .def(
@@ -152,14 +154,17 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "push_window",
           [](Channel& self, const py::list& values,
-             const tfray::SpecTemplate& spec, tfray::Recording* recording) {
-            auto r = tfray::PushWindow(self, values, spec, recording);
+             const tfray::SpecTemplate& spec, tfray::Recording* recording,
+             py::handle origins) {
+            auto r = tfray::PushWindow(self, values, spec, recording, origins);
             return py::make_tuple(r.taken, r.pushed, r.bytes);
           },
           py::arg("values"), py::arg("spec"), py::arg("recording") = nullptr,
+          py::arg("origins") = py::none(),
           "Pushes values[0], values[1], ... while they match `spec` as they are, in "
           "one call (window.h); returns (taken, pushed, bytes). "
-          "`recording`, if given, keeps the batches taken.")
+          "`recording`, if given, keeps the batches taken; `origins`, if given, "
+          "says each batch's (unit, index, size) in its epoch, or None.")
       .def_property_readonly("cancelled", &Channel::cancelled)
       .def_property_readonly(
           "consumer_wait_s",

@@ -211,6 +211,45 @@ ChannelStats Channel::Stats() const {
   return s;
 }
 
+void Progress::Took(const Origin& origin) {
+  if (origin.unit < 0) return;
+  Unit& unit = units_[origin.unit];
+  ++unit.batches;
+  if (origin.index == 0) ++unit.bundles;
+  last_ = origin;
+}
+
+std::vector<int64_t> Progress::Encode() const {
+  std::vector<int64_t> out;
+  if (units_.empty()) return out;
+  out.reserve(3 + 3 * units_.size());
+  out.insert(out.end(), {last_.unit, last_.index + 1, last_.size});
+  for (const auto& [id, unit] : units_) {
+    out.insert(out.end(), {id, unit.batches, unit.bundles});
+  }
+  return out;
+}
+
+bool Progress::Decode(const std::vector<int64_t>& encoded) {
+  if (encoded.empty()) {
+    *this = Progress();
+    return true;
+  }
+  if (encoded.size() < 6 || encoded.size() % 3 != 0) return false;
+  Progress decoded;
+  decoded.last_ = {encoded[0], encoded[1] - 1, encoded[2]};
+  if (decoded.last_.index < 0 || decoded.last_.index >= decoded.last_.size) {
+    return false;
+  }
+  for (size_t i = 3; i < encoded.size(); i += 3) {
+    if (encoded[i + 1] < 0 || encoded[i + 2] < 0) return false;
+    decoded.units_[encoded[i]] = {encoded[i + 1], encoded[i + 2]};
+  }
+  if (decoded.units_.count(decoded.last_.unit) == 0) return false;
+  *this = std::move(decoded);
+  return true;
+}
+
 void Recording::Add(const Batch& batch) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const ArrayRef& a : batch.arrays) bytes_ += a.nbytes;

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -71,9 +72,44 @@ struct ArrayRef {
   bool in_store = false;
 };
 
+// Where a batch lies in its epoch, for a source made of work units (a
+// generator's shards): its unit, and its place in the bundle (the one Ray
+// object of consecutive batches) it came in. A unit below 0: none.
+struct Origin {
+  int64_t unit = -1;
+  int64_t index = 0;  // In its bundle.
+  int64_t size = 1;   // Its bundle's batches.
+};
+
 struct Batch {
   std::vector<ArrayRef> arrays;
   std::shared_ptr<ReleaseToken> token;  // Keeps `arrays` valid while held.
+  Origin origin;
+};
+
+// What an iterator has handed out of each work unit: the resume point its
+// checkpoint saves (dataset_op.cc) and a restored epoch starts its units
+// from (sources/resume.py reads the same encoding). One owner: the
+// iterator, under its lock.
+class Progress {
+ public:
+  // Counts one batch handed out.
+  void Took(const Origin& origin);
+  // Empty when no batch had a unit. Otherwise the last batch's unit, how
+  // many of its bundle were handed out and the bundle's size; then, per
+  // unit in increasing order, the unit, its batches and its bundles begun.
+  std::vector<int64_t> Encode() const;
+  // The inverse of Encode; false (and nothing changed) if `encoded` is not
+  // one of its results.
+  bool Decode(const std::vector<int64_t>& encoded);
+
+ private:
+  struct Unit {
+    int64_t batches = 0;
+    int64_t bundles = 0;
+  };
+  std::map<int64_t, Unit> units_;
+  Origin last_;
 };
 
 // Status codes follow absl::StatusCode numbering so the kernel can map them
@@ -254,6 +290,9 @@ class SourceRegistry {
     // Items of the epoch to pass over before the first one delivered: the
     // position a restored checkpoint resumes from.
     int64_t skip = 0;
+    // The restored checkpoint's Progress (encoded), for a source that can
+    // start each unit where it was; empty if it saved none.
+    std::vector<int64_t> progress;
     // Set on the notice the dispatcher gets when an iterator took an
     // offered channel (`channel`); no new feeder is wanted for it.
     bool offered = false;

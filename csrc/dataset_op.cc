@@ -1,5 +1,6 @@
 #include "dataset_op.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -158,7 +159,7 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
           SourceRegistry::Request request{
               dataset()->key_,
               std::make_shared<Channel>(dataset()->info_.capacity),
-              deterministic_, position_};
+              deterministic_, position_, progress_.Encode()};
           if (!SourceRegistry::Global().RequestEpoch(std::move(request),
                                                      &channel_)) {
             return NotRegistered();
@@ -199,6 +200,7 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
       // Counted once handed out: a Save during the wait saves the position
       // before this batch, which a restored iterator then delivers.
       ++position_;
+      progress_.Took(batch.origin);
       *end_of_sequence = false;
       return ToTensors(batch, out_tensors);
     }
@@ -211,17 +213,25 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
     }
 
     // The state is the position in the epoch: how many items (batches or
-    // per-batch errors) this iterator has handed out. A restored iterator
-    // asks its source to replay the epoch from there; the source, rebuilt by
-    // the program that restores, must yield the same items in the same order.
+    // per-batch errors) this iterator has handed out, and of a source made
+    // of work units, what it handed out of each (Progress). A restored
+    // iterator asks its source for the epoch from there: a source of units
+    // starts each where it was; another passes over `position` items, so it
+    // must yield the same items in the same order when rebuilt.
     absl::Status SaveInternal(SerializationContext* ctx,
                               IteratorStateWriter* writer) override {
       tensorflow::mutex_lock l(mu_);
       TF_RETURN_IF_ERROR(writer->WriteScalar(prefix(), kPosition, position_));
       TF_RETURN_IF_ERROR(
           writer->WriteScalar(prefix(), kExhausted, exhausted_ ? 1 : 0));
-      return writer->WriteScalar(prefix(), kCardinality,
-                                 dataset()->info_.cardinality);
+      TF_RETURN_IF_ERROR(writer->WriteScalar(prefix(), kCardinality,
+                                             dataset()->info_.cardinality));
+      const std::vector<int64_t> progress = progress_.Encode();
+      Tensor encoded(tensorflow::DT_INT64,
+                     {static_cast<int64_t>(progress.size())});
+      std::copy(progress.begin(), progress.end(),
+                encoded.flat<int64_t>().data());
+      return writer->WriteTensor(prefix(), kProgress, encoded);
     }
 
     absl::Status RestoreInternal(IteratorContext* ctx,
@@ -244,8 +254,27 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
             "tfray: the checkpoint's position ", position,
             " is outside this dataset's ", own, " batches."));
       }
+      // A checkpoint saved before units were tracked has no progress: its
+      // epoch resumes by passing over `position` items.
+      Progress progress;
+      if (reader->Contains(prefix(), kProgress)) {
+        Tensor encoded;
+        TF_RETURN_IF_ERROR(reader->ReadTensor(prefix(), kProgress, &encoded));
+        if (encoded.dtype() != tensorflow::DT_INT64 || encoded.dims() != 1) {
+          return absl::InvalidArgumentError(
+              "tfray: the checkpoint's progress is not a vector of int64.");
+        }
+        const auto flat = encoded.flat<int64_t>();
+        if (!progress.Decode(std::vector<int64_t>(flat.data(),
+                                                  flat.data() + flat.size()))) {
+          return absl::InvalidArgumentError(
+              "tfray: the checkpoint's progress is malformed; it was not "
+              "written by tfray.");
+        }
+      }
       position_ = position;
       exhausted_ = exhausted != 0;
+      progress_ = std::move(progress);
       return absl::OkStatus();
     }
 
@@ -309,6 +338,7 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
     static constexpr const char* const kPosition = "position";
     static constexpr const char* const kExhausted = "exhausted";
     static constexpr const char* const kCardinality = "cardinality";
+    static constexpr const char* const kProgress = "progress";
 
     // The channel an iterator reads, shared with its cancellation callback.
     // It is known from the first GetNext on: the iterator's own, or one the
@@ -340,6 +370,9 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
     std::shared_ptr<Channel> channel_ TF_GUARDED_BY(mu_);
     bool exhausted_ TF_GUARDED_BY(mu_) = false;
     int64_t position_ TF_GUARDED_BY(mu_) = 0;
+    // Per work unit, what was handed out (channel.h): where a restored
+    // epoch starts each unit.
+    Progress progress_ TF_GUARDED_BY(mu_);
   };
 
   const int64_t key_;

@@ -169,8 +169,23 @@ Batch MakeBatch(const std::vector<py::array>& arrays,
   return batch;
 }
 
+Origin ToOrigin(py::handle origin) {
+  Origin out;
+  if (origin.is_none()) return out;
+  auto t = py::reinterpret_borrow<py::tuple>(origin);
+  out.unit = t[0].cast<int64_t>();
+  out.index = t[1].cast<int64_t>();
+  out.size = t[2].cast<int64_t>();
+  return out;
+}
+
 WindowResult PushWindow(Channel& channel, const py::list& values,
-                        const SpecTemplate& spec, Recording* recording) {
+                        const SpecTemplate& spec, Recording* recording,
+                        py::handle origins) {
+  const bool has_origins = !origins.is_none();
+  if (has_origins && py::len(origins) != values.size()) {
+    throw py::value_error("origins and values differ in length");
+  }
   WindowResult result;
   std::vector<Batch> batches;
   std::vector<py::array> arrays;
@@ -180,6 +195,9 @@ WindowResult PushWindow(Channel& channel, const py::list& values,
     if (!spec.Match(value, &arrays)) break;
     batches.push_back(MakeBatch(arrays, spec.tf_dtypes(),
                                 NativePins::Global().Pin(value), &store));
+    if (has_origins) {
+      batches.back().origin = ToOrigin(PyList_GET_ITEM(origins.ptr(), i));
+    }
     for (const ArrayRef& a : batches.back().arrays) result.bytes += a.nbytes;
     if (recording != nullptr) recording->Add(batches.back());
   }

@@ -103,8 +103,14 @@ struct WindowResult {
 // Under the GIL (released while waiting for room): takes values[0],
 // values[1], ... while they match `spec` as they are, and pushes
 // them in order; `recording` (if given) keeps each batch taken.
+// `origins`, None or a list as long as `values`: each batch's Origin as
+// None or a (unit, index, size) tuple.
 WindowResult PushWindow(Channel& channel, const pybind11::list& values,
-                        const SpecTemplate& spec, Recording* recording = nullptr);
+                        const SpecTemplate& spec, Recording* recording = nullptr,
+                        pybind11::handle origins = pybind11::none());
+
+// Under the GIL: `origin`, None or a (unit, index, size) tuple, as an Origin.
+Origin ToOrigin(pybind11::handle origin);
 
 }  // namespace tfray
 

@@ -179,18 +179,6 @@ def test_ray_data_resumes_when_order_is_preserved(ray_session, ordered_ray_data,
     assert rows == list(range(40))
 
 
-def test_resume_with_order_not_fixed_warns(ray_session, tmp_path, caplog):
-    def make():
-        return tfray.Dataset.from_generators(_counting(), 3, deterministic=False)
-
-    path = str(tmp_path / "ckpt")
-    _save_after(make(), 2, path)
-    with caplog.at_level("WARNING", logger="tfray"):
-        rest = _restore(make(), path)
-    assert len(rest) == 12 - 2
-    assert "deterministic=False" in caplog.text
-
-
 @pytest.mark.usefixtures("ray_session")
 class TfrayCheckpointTest(checkpoint_test_base.CheckpointTestBase):
     """TensorFlow's own iterator checkpoint harness, on tfray sources (eager)."""

@@ -7,7 +7,7 @@ memory that is (and the copy is counted). Every source and the feeder ask
 window push (csrc/window.cc).
 """
 
-from typing import Any, List, NamedTuple, Optional
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -40,6 +40,9 @@ class Entry(NamedTuple):
     token: int  # The pin that keeps the arrays alive while TF uses them (pins.py).
     bytes_copied: int  # What tfray copied to make the batch, for stats().
     arrays_copied: int
+    # Its work unit and place in its bundle, ``(unit, index, size)``, or None
+    # (bundles.BatchLabel): what a checkpoint counts per unit.
+    origin: Optional[Tuple[int, int, int]] = None
 
 
 class Copied:

@@ -271,8 +271,9 @@ class Feeder:
         """
         if self._checks.native is not None:
             values = [value for _, value, _ in items]
+            origins = [getattr(label, "origin", None) for label, _, _ in items]
             recording = None if self._recorder is None else self._recorder.recording
-            taken, pushed, nbytes = self._channel.push_window(values, self._checks.native, recording)
+            taken, pushed, nbytes = self._channel.push_window(values, self._checks.native, recording, origins)
             if pushed < taken:
                 return False  # The consumer is gone.
             if taken and lookahead is not None:
@@ -312,7 +313,7 @@ class Feeder:
                 arrays_copied += 1
         # Pin the batch as it came, plus any copies made from it.
         token = self._pins.pin((value, arrays))
-        return batch.Entry(arrays, token, bytes_copied, arrays_copied)
+        return batch.Entry(arrays, token, bytes_copied, arrays_copied, getattr(label, "origin", None))
 
     def _push(self, entries):
         """Pushes entries in order; returns False once the consumer is gone."""

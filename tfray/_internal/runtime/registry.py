@@ -275,6 +275,7 @@ class Registry(Service):
             stream = source.open_epoch(
                 deterministic=request.deterministic,
                 skip=request.skip,
+                progress=request.progress or None,
                 taken=lambda: channel.items_taken,
             )
         except BatchError as e:

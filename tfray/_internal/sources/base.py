@@ -102,8 +102,13 @@ class Source:
     def _infer_spec(self):
         raise NotImplementedError
 
-    def open_epoch(self, *, deterministic, skip=0, taken=None):
+    def open_epoch(self, *, deterministic, skip=0, progress=None, taken=None):
         """A stream of one epoch, past its first ``skip`` items (see resume.py).
+
+        ``progress``: the restored checkpoint's progress per work unit, as
+        the native iterator encodes it (resume.Progress), or None. A source
+        that labels its batches with units (generators) starts each unit
+        there instead of passing over ``skip`` items; the others have none.
 
         ``taken()``: how many of the items the stream hands on (batches and
         errors, in order) TensorFlow has taken; for a source whose work is

@@ -10,28 +10,50 @@ batches it holds and where a failed one stands (``BundledRefs``), and
 from tfray._internal.runtime.streams import Wrapped
 
 
+class BatchLabel(str):
+    """A bundled batch's label, ``shard 3 batch 17``, that knows its origin.
+
+    ``origin`` is ``(unit, index, size)``: the shard's number, and the
+    batch's place in its bundle of ``size`` batches. The feeder hands it to
+    the channel with the batch, so that a checkpoint counts what TF took of
+    each shard (channel.h's Progress). A ``str``, so messages use it as is.
+    """
+
+
 class Shard:
-    """A producer's shard: its number, and the batches of it handed on so far."""
+    """A producer's shard: its number, and the batches of it handed on so far.
+
+    ``handed`` starts where a resumed epoch starts the shard.
+    """
 
     __slots__ = ("number", "handed")
 
-    def __init__(self, number):
+    def __init__(self, number, handed=0):
         self.number = number
-        self.handed = 0
+        self.handed = handed
 
-    def labels(self, n):
-        """The labels of the shard's next ``n`` batches."""
+    def labels(self, n, offset=0):
+        """The labels of the shard's next ``n`` batches, a bundle past its first ``offset``."""
         first, self.handed = self.handed, self.handed + n
-        return [f"shard {self.number} batch {i}" for i in range(first, first + n)]
+        labels = [BatchLabel(f"shard {self.number} batch {i}") for i in range(first, first + n)]
+        size = offset + n
+        for index, label in enumerate(labels, offset):
+            label.origin = (self.number, index, size)
+        return labels
 
 
 class Bundle:
-    """The label of a ref to a bundle of ``shard``'s batches (one per ref)."""
+    """The label of a ref to a bundle of ``shard``'s batches (one per ref).
 
-    __slots__ = ("shard",)
+    ``offset``: batches of the bundle a checkpoint's epoch already handed out
+    (a resumed shard's first bundle holds the rest of one).
+    """
 
-    def __init__(self, shard):
+    __slots__ = ("shard", "offset")
+
+    def __init__(self, shard, offset=0):
         self.shard = shard
+        self.offset = offset
 
     def first(self, after=0):
         """Its first batch's label, ``after`` more of the shard's batches ahead of it not yet handed on."""
@@ -78,7 +100,7 @@ def unbundle(items):
         elif error is not None:
             out.append((str(label), None, error))
         else:
-            out.extend(zip(label.shard.labels(len(value)), value, [None] * len(value)))
+            out.extend(zip(label.shard.labels(len(value), label.offset), value, [None] * len(value)))
     return out
 
 

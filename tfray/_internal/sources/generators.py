@@ -23,6 +23,7 @@ would place them on a node that offers none. Other resources (GPUs, custom
 ones) are reserved as asked.
 """
 
+import collections
 import functools
 import inspect
 import logging
@@ -119,6 +120,21 @@ def check_generator_function(fn):
         raise TypeError(NOT_A_GENERATOR.format(what=f"{inner.__qualname__} returns instead."))
 
 
+def takes_start(fn):
+    """Whether ``fn`` takes ``start=``: the index of the shard's first batch to yield.
+
+    A resumed epoch asks such a function to begin each shard where the
+    checkpoint left it; any other is run from the shard's start and its
+    batches before that point are passed over in the producer.
+    """
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # A builtin or a callable without a signature.
+        return False
+    start = parameters.get("start")
+    return start is not None and start.kind in (start.POSITIONAL_OR_KEYWORD, start.KEYWORD_ONLY)
+
+
 def stable_name(fn):
     """A name for ``fn`` that is the same in every process, or None.
 
@@ -161,9 +177,11 @@ class GeneratorShards(BundledRefs):
     so the order is the same every epoch for deterministic generators on the
     same cluster; else whichever bundle is ready first.
 
-    ``shard_numbers`` label each shard's batches (default 0, 1, ...). Its
-    refs are bundles (bundles.py): ``deterministic`` takes turns a bundle at
-    a time. ``inflight`` (inflight.py) gives each producer its backpressure
+    ``shard_numbers`` label each shard's batches (default 0, 1, ...): the
+    units a checkpoint counts. Its refs are bundles (bundles.py):
+    ``deterministic`` takes turns a bundle at a time. ``resume``: a
+    resume.Plan, for an epoch restored from a checkpoint; ``asks_start``:
+    whether ``fn`` takes ``start=`` (producer.run_shard). ``inflight`` (inflight.py) gives each producer its backpressure
     as it starts, within ``share_bytes`` of the store, and learns from the
     epoch's first bundle.
     """
@@ -182,6 +200,8 @@ class GeneratorShards(BundledRefs):
         name,
         placement_timeout_s,
         shard_numbers=None,
+        resume=None,
+        asks_start=False,
     ):
         self._inflight = inflight
         # The epoch's first ref, until its bundle's size is learned; None
@@ -194,7 +214,11 @@ class GeneratorShards(BundledRefs):
         self._fn = fn
         self._shards = list(shards)
         self._numbers = list(range(len(self._shards)) if shard_numbers is None else shard_numbers)
-        self._next_shard = 0  # The next shard to start.
+        # Shard indexes to start, in order, as running ones end.
+        self._pending = collections.deque(range(len(self._shards)) if resume is None else resume.pending)
+        self._starts = {} if resume is None else dict(resume.starts)  # Shard index -> resume.Start.
+        self._offsets = {} if resume is None else dict(resume.offsets)  # For its first bundle's label.
+        self._asks_start = asks_start
         self._labels = {}  # Shard index -> its Shard, which labels its batches.
         self._running = []  # (shard index, generator), in rotation order.
         self._nodes = {}  # Shard index -> the node placement chose for it (None: Ray's choice).
@@ -208,8 +232,12 @@ class GeneratorShards(BundledRefs):
         self._placement = placement.Placement(producers_on, ray_remote_args, name)
         self._watch = placement.Watch(name, ray_remote_args, placement_timeout_s)
         self._progress_at = time.monotonic()  # When a producer was last found ready.
-        for _ in range(concurrency):
-            self._running.append(self._start_next())
+        if resume is None:
+            for _ in range(min(concurrency, len(self._pending))):
+                self._running.append(self._start_next())
+        else:
+            self._running = [self._start(shard) for shard in resume.running]
+            self._turn = resume.turn
         self.done = not self._running
 
     def take(self, n, timeout):
@@ -226,7 +254,7 @@ class GeneratorShards(BundledRefs):
             except StopIteration:
                 self._replace(position)
                 continue
-            out.append((Bundle(self._labels[shard]), ref))
+            out.append((Bundle(self._labels[shard], self._offsets.pop(shard, 0)), ref))
             if self._learning and self._first is None:
                 self._first = ref
             if self.deterministic:
@@ -260,7 +288,7 @@ class GeneratorShards(BundledRefs):
         running = [g for _, g in self._running]
         with ray_api.held():  # Dropping a generator calls into Ray.
             self._running = []
-        self._next_shard = len(self._shards)
+        self._pending.clear()
         self.done = True
         try:
             if running and ray_api.ray_running():
@@ -291,9 +319,12 @@ class GeneratorShards(BundledRefs):
             del ready
 
     def _start_next(self):
-        shard = self._next_shard
-        self._next_shard += 1
-        self._labels[shard] = Shard(self._numbers[shard])
+        return self._start(self._pending.popleft())
+
+    def _start(self, shard):
+        """``(shard, generator)``: shard index ``shard``'s producer, started where its resume.Start says."""
+        start = self._starts.pop(shard, None)
+        self._labels[shard] = Shard(self._numbers[shard], 0 if start is None else start.batch)
         count = self._inflight.count(self._share)
         where, self._nodes[shard] = self._placement.place()
         key = (count, self._nodes[shard])
@@ -306,12 +337,13 @@ class GeneratorShards(BundledRefs):
             self._board,
             self._token,
             self._inflight.pair_limit(self._share),
+            None if start is None else (*start, self._asks_start),
         )
 
     def _replace(self, position):
         """The shard at ``position`` ended: the next shard takes its place."""
         self._placement.release(self._nodes.pop(self._running[position][0]))
-        if self._next_shard < len(self._shards):
+        if self._pending:
             self._running[position] = self._start_next()
             return
         self._running.pop(position)
@@ -427,11 +459,16 @@ class GeneratorSource(Source):
         ray_remote_args=None,
         producers_on="cluster",
         placement_timeout_s=None,
+        shard_numbers=None,
     ):
         if not callable(fn):
             raise TypeError(f"{self.kind}: fn must be callable, got {type(fn).__name__}")
         check_generator_function(fn)
         self._shards = shard_list(self.kind, shards)
+        # Each shard's number in the whole dataset: a worker's share keeps
+        # them, so its checkpoint names the shards as every worker does.
+        self._numbers = list(range(len(self._shards)) if shard_numbers is None else shard_numbers)
+        self._asks_start = takes_start(fn)
         if deterministic not in (None, True, False):
             raise TypeError(f"deterministic: expected None or a bool, got {deterministic!r}")
         if ray_remote_args is not None and not isinstance(ray_remote_args, dict):
@@ -509,17 +546,19 @@ class GeneratorSource(Source):
             producers_on=self._producers_on,
             name=self._name(),
             placement_timeout_s=self._placement_timeout_s,
-            shard_numbers=[number],
+            shard_numbers=[self._numbers[number]],
+            asks_start=self._asks_start,
         )
 
     def shard(self, num_shards, index):
-        return self._remake(self._shards[index::num_shards])
+        return self._remake(self._shards[index::num_shards], self._numbers[index::num_shards])
 
-    def _remake(self, shards):
-        """This source over ``shards`` instead, with its options."""
+    def _remake(self, shards, shard_numbers):
+        """This source over ``shards`` (numbered ``shard_numbers``) instead, with its options."""
         return GeneratorSource(
             self._fn,
             shards,
+            shard_numbers=shard_numbers,
             element_spec=self._element_spec,
             max_inflight_per_producer=self._per_producer,
             deterministic=self._deterministic,
@@ -529,10 +568,13 @@ class GeneratorSource(Source):
             session_actor=self._session_actor,
         )
 
-    def _start(self):
+    def _start(self, resume=None):
         return GeneratorShards(
             self._fn,
             self._shards,
+            shard_numbers=self._numbers,
+            resume=resume,
+            asks_start=self._asks_start,
             inflight=self._inflight,
             share_bytes=self._share(),
             ray_remote_args=self._ray_remote_args,
@@ -603,14 +645,20 @@ class GeneratorSource(Source):
                 del early
         super().close()
 
-    def open_epoch(self, *, deterministic, skip=0, taken=None):
+    def open_epoch(self, *, deterministic, skip=0, progress=None, taken=None):
+        deterministic = deterministic if self._deterministic is None else self._deterministic
         with self._lock:
             early, self._early = self._early, None
         if early is not None and skip:  # A resumed epoch starts afresh.
             early.close()
             early = None
-        shards = early or self._start()
-        shards.deterministic = deterministic if self._deterministic is None else self._deterministic
+        progress = resume.Progress.decode(progress)
+        if progress is not None:  # Each shard starts where the checkpoint left it.
+            shards = self._start(resume.plan(self._numbers, self._at_once(), progress, deterministic=deterministic))
+            skip = 0
+        else:
+            shards = early or self._start()
+        shards.deterministic = deterministic
         epoch = Unbundled(RefResolver(shards, lookahead=self.lookahead()))
         if skip:
             if not shards.deterministic:

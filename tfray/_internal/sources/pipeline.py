@@ -32,22 +32,32 @@ class PipelineBatches:
             each shard's pipeline must agree with it.
         kinds: per leaf of ``element_spec`` (tf.nest order), how it
             crosses the op: ``DENSE``, ``STRING`` or ``RAGGED``.
+        asks_start: whether ``fn`` takes ``start=``, the index of the first
+            element its pipeline yields (a resumed epoch's shard).
     """
 
-    def __init__(self, fn, element_spec, kinds):
+    def __init__(self, fn, element_spec, kinds, asks_start=False):
         self.fn = fn
         self.element_spec = element_spec
         self.kinds = kinds
+        self.asks_start = asks_start
 
-    def __call__(self, shard):
-        return _wire_elements(self.fn, shard, self.element_spec, self.kinds)
+    def __call__(self, shard, start=0):
+        """The shard's wire elements from element ``start`` on.
+
+        A pipeline that cannot start there itself is passed over with
+        tf.data's ``skip``, in the producer: its elements before ``start``
+        are made (tf.data's own sources, ``interleave`` and ``flat_map``
+        skip without making them; a ``map`` before them runs) and never put.
+        """
+        return _wire_elements(self.fn, shard, self.element_spec, self.kinds, start, self.asks_start)
 
 
-def built(fn, shard):
-    """``fn(shard)``, which must be a ``tf.data.Dataset``."""
+def built(fn, shard, start=None):
+    """``fn(shard)`` (``fn(shard, start=start)`` if given), which must be a ``tf.data.Dataset``."""
     import tensorflow as tf
 
-    dataset = fn(shard)
+    dataset = fn(shard) if start is None else fn(shard, start=start)
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(
             f"from_tf_data: fn must return a tf.data.Dataset; fn({shard!r}) returned a "
@@ -56,11 +66,13 @@ def built(fn, shard):
     return dataset
 
 
-def _pipeline(fn, shard, element_spec):
-    """``fn(shard)``, checked: a ``tf.data.Dataset`` whose elements match ``element_spec``."""
+def _pipeline(fn, shard, element_spec, start=0, asks_start=False):
+    """``fn(shard)`` from element ``start``, checked: a ``tf.data.Dataset`` whose elements match ``element_spec``."""
     import tensorflow as tf
 
-    dataset = built(fn, shard)
+    dataset = built(fn, shard, start if asks_start else None)
+    if start and not asks_start:
+        dataset = dataset.skip(start)
     got = dataset.element_spec
     try:
         tf.nest.assert_same_structure(element_spec, got)
@@ -106,10 +118,10 @@ def _encoder(element_spec, kinds):
     return encode
 
 
-def _wire_elements(fn, shard, element_spec, kinds):
+def _wire_elements(fn, shard, element_spec, kinds, start, asks_start):
     import tensorflow as tf
 
-    dataset = _pipeline(fn, shard, element_spec)
+    dataset = _pipeline(fn, shard, element_spec, start, asks_start)
     encode = _encoder(element_spec, kinds)
     if encode is not None:
         dataset = dataset.map(encode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

@@ -108,16 +108,30 @@ def _copy(batch, spare):
     return copy.deepcopy(batch)
 
 
-def bundles(batches, stop, pair_limit=0):
-    """The bundles of ``batches`` (see above), until they end or ``stop`` is requested."""
-    bundle, held, most = [], 0, 1
+def most_batches(ordinal):
+    """The most batches the shard's bundle number ``ordinal`` holds: 1, 2, 4, ... up to BUNDLE_BATCHES."""
+    return min(1 << min(ordinal, 30), BUNDLE_BATCHES)
+
+
+def bundles(batches, stop, pair_limit=0, ordinal=0, rest=0):
+    """The bundles of ``batches`` (see above), until they end or ``stop`` is requested.
+
+    A resumed shard's bundles close where its first run's did: ``ordinal``
+    bundles came before, and ``rest`` (if not 0) batches are left of the last
+    of them, which the first bundle here holds alone.
+    """
+    bundle, held = [], 0
+    most = rest or most_batches(ordinal)
+    if rest:
+        ordinal -= 1  # The first bundle here ends bundle ``ordinal - 1``.
     # The copies in the bundle being made, and those of the last one yielded.
     copies, spares = [], []
 
     def closed():
         """The bundle made so far; the next one starts empty, up to twice its count."""
-        nonlocal bundle, held, most, copies, spares
-        done, bundle, held, most = bundle, [], 0, min(2 * most, BUNDLE_BATCHES)
+        nonlocal bundle, held, most, ordinal, copies, spares
+        ordinal += 1
+        done, bundle, held, most = bundle, [], 0, most_batches(ordinal)
         copies, spares = [], copies
         return done
 
@@ -153,8 +167,17 @@ def bundles(batches, stop, pair_limit=0):
         yield bundle
 
 
-def run_shard(fn, shard, board, token, pair_limit=0):
-    batches = fn(shard)
+def run_shard(fn, shard, board, token, pair_limit=0, start=None):
+    """Yields the bundles of ``fn(shard)``'s batches.
+
+    ``start``, for a resumed epoch: ``(batch, ordinal, rest, asks)``, the
+    first batch to put, the bundles before it and the batches left of the
+    last (see bundles), and whether ``fn`` takes ``start=`` to begin there
+    itself; if not, the batches before ``batch`` are made and passed over
+    here, never put in the store.
+    """
+    first, ordinal, rest, asks = start or (0, 0, 0, False)
+    batches = fn(shard, start=first) if asks else fn(shard)
     if not hasattr(batches, "__next__"):  # A function that returned a batch, or a list.
         # generators.NOT_A_GENERATOR's words: this module imports nothing.
         raise TypeError(
@@ -163,7 +186,10 @@ def run_shard(fn, shard, board, token, pair_limit=0):
             f"returned a {type(batches).__name__}."
         )
     try:
-        yield from bundles(batches, _StopCheck(board, token), pair_limit)
+        if first and not asks:
+            for _ in zip(range(first), batches):  # Made, and dropped.
+                pass
+        yield from bundles(batches, _StopCheck(board, token), pair_limit, ordinal, rest)
     finally:
         close = getattr(batches, "close", None)
         if close is not None:  # Runs the generator's own finally blocks now.

@@ -69,7 +69,7 @@ class TfDataSource(GeneratorSource):
             except TypeError as e:
                 raise TypeError(f"from_tf_data: element_spec {e}") from None
             kinds.append(_kind(spec))
-        producer_fn = pipeline.PipelineBatches(fn, element_spec, kinds)
+        producer_fn = pipeline.PipelineBatches(fn, element_spec, kinds, generators.takes_start(fn))
         super().__init__(producer_fn, shards, element_spec=element_spec, **options)
         if any(kind != pipeline.DENSE for kind in kinds):
             self.decode = self._decode
@@ -89,6 +89,7 @@ class TfDataSource(GeneratorSource):
     def _user_fn(self):
         return self._pipeline_fn
 
-    def _remake(self, shards):
-        return TfDataSource(self._pipeline_fn, shards, element_spec=self._element_spec, **self._options)
+    def _remake(self, shards, shard_numbers):
+        options = {**self._options, "shard_numbers": shard_numbers}
+        return TfDataSource(self._pipeline_fn, shards, element_spec=self._element_spec, **options)
 
