@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TF_PACKAGE ?= tensorflow-cpu==2.21.*
 PYTEST_ARGS ?=
 
-.PHONY: venv deps build docs test-docs test test-all test-native test-asan test-compat test-sanitized test-mutants demo demo-quick examples-quick bench bench-images bench-cluster clean
+.PHONY: venv deps build docs test-docs test test-all test-native test-asan test-compat test-sanitized test-mutants demo demo-quick examples-quick bench bench-images bench-cluster bench-resume clean
 
 venv: $(PY)
 
@@ -160,6 +160,14 @@ bench-images: build
 # minutes; BENCH_ARGS=--quick for 3.
 bench-cluster: build
 	$(PY) benchmarks/cluster.py --chart benchmarks/cluster.png $(BENCH_ARGS)
+
+# What a restart costs (benchmarks/resume.py): a process reads 10%, 50% or
+# 90% of an epoch, checkpoints its iterator and exits; a fresh one restores
+# and reads the rest. Batches the producers made after the restore against
+# the batches left, the time to the first batch, and whether the rest is an
+# uninterrupted epoch's. About 4 minutes; BENCH_ARGS=--quick for 1.
+bench-resume: build
+	$(PY) benchmarks/resume.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build *.egg-info tfray/_native*.so tfray/_build_info.py .pytest_cache

@@ -156,3 +156,23 @@ def test_checkpoint_of_other_shards_is_refused(expected, dirs):
     tf.train.Checkpoint(iterator=it).read(path).assert_consumed()
     with pytest.raises(tf.errors.FailedPreconditionError, match="shard"):
         next(it)
+
+
+def _share(fn, index):
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=index)
+    ds = tfray.Dataset.from_generators(fn, SHARDS, element_spec=SPEC, deterministic=True, input_context=context)
+    return without_prefetch(ds)
+
+
+def test_a_worker_restoring_the_chiefs_checkpoint_resumes_its_own_share(ray_session, dirs):
+    """Under a synchronous multi-worker job each worker restores the chief's checkpoint.
+
+    Worker 1's share stands at the chief's position of its own epoch; its own
+    checkpoint would start each of its shards where they were.
+    """
+    saving, restored, path = dirs
+    share = _ids(_share(_starting(saving), 1))
+    _save_after(_share(_starting(saving), 0), 9, path)
+    assert _restore(_share(_starting(restored), 1), path) == share[9:]
+    _save_after(_share(_starting(saving), 1), 9, path)
+    assert _restore(_share(_starting(restored), 1), path) == share[9:]

@@ -175,3 +175,20 @@ def test_a_batch_waiting_in_a_bundle_is_kept_as_it_was_yielded():
     got = [[int(batch["x"][0]) for batch in bundle] for bundle in bundles]
     assert got == [[0], [1, 2], [3, 4, 5, 6]]
 
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3, 5, 7, 40, 300, 900])
+def test_a_resumed_shard_closes_its_bundles_where_its_first_run_did(cut):
+    """Started mid-shard with the bundles before and what is left of the last, the bounds fall as before."""
+    batches = [np.zeros(4 if i % 7 else producer.BUNDLE_BYTES // 3, np.uint8) for i in range(1000)]
+    whole = sizes(producer.bundles(iter(batches), NeverStopped()))
+    ends = np.cumsum(whole)
+    ordinal = int(np.searchsorted(ends, cut, side="right"))  # Bundles begun before `cut`, whole ones.
+    begun_before = int(ends[ordinal - 1]) if ordinal else 0
+    rest = 0 if begun_before == cut else whole[ordinal] - (cut - begun_before)
+    if rest:
+        ordinal += 1  # The bundle cut in two was begun too.
+    resumed = sizes(producer.bundles(iter(batches[cut:]), NeverStopped(), ordinal=ordinal, rest=rest))
+    after = [rest] if rest else []
+    assert resumed == after + whole[len(whole) - len(resumed) + len(after) :]
+    assert sum(resumed) == len(batches) - cut

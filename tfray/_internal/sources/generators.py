@@ -460,6 +460,7 @@ class GeneratorSource(Source):
         producers_on="cluster",
         placement_timeout_s=None,
         shard_numbers=None,
+        whole_shards=None,
     ):
         if not callable(fn):
             raise TypeError(f"{self.kind}: fn must be callable, got {type(fn).__name__}")
@@ -468,6 +469,7 @@ class GeneratorSource(Source):
         # Each shard's number in the whole dataset: a worker's share keeps
         # them, so its checkpoint names the shards as every worker does.
         self._numbers = list(range(len(self._shards)) if shard_numbers is None else shard_numbers)
+        self._whole_shards = len(self._shards) if whole_shards is None else whole_shards
         self._asks_start = takes_start(fn)
         if deterministic not in (None, True, False):
             raise TypeError(f"deterministic: expected None or a bool, got {deterministic!r}")
@@ -559,6 +561,7 @@ class GeneratorSource(Source):
             self._fn,
             shards,
             shard_numbers=shard_numbers,
+            whole_shards=self._whole_shards,
             element_spec=self._element_spec,
             max_inflight_per_producer=self._per_producer,
             deterministic=self._deterministic,
@@ -653,6 +656,12 @@ class GeneratorSource(Source):
             early.close()
             early = None
         progress = resume.Progress.decode(progress)
+        if progress is not None and resume.of_another_share(progress, self._numbers, self._whole_shards):
+            # Every worker restores the chief's checkpoint (MultiWorkerMirroredStrategy,
+            # Ray Train): in a synchronous job this worker's share stands at the same
+            # position of its own epoch, which it passes over.
+            logger.info("tfray: %s resumes its share at item %d of its epoch", self._name(), skip)
+            progress = None
         if progress is not None:  # Each shard starts where the checkpoint left it.
             shards = self._start(resume.plan(self._numbers, self._at_once(), progress, deterministic=deterministic))
             skip = 0

@@ -75,6 +75,12 @@ class Plan(NamedTuple):
     offsets: Dict[int, int]
 
 
+def of_another_share(progress, numbers, whole):
+    """Whether ``progress`` is of shards of the whole dataset (``whole`` shards) outside this share's ``numbers``."""
+    units = set(progress.units)
+    return not units <= set(numbers) and all(0 <= unit < whole for unit in units)
+
+
 def plan(numbers, concurrency, progress, *, deterministic):
     """The Plan of an epoch over shards ``numbers`` that resumes from ``progress``.
 
@@ -85,7 +91,8 @@ def plan(numbers, concurrency, progress, *, deterministic):
     out are a prefix of that order: the rotation is replayed bundle by
     bundle, each shard's turn taking one of the bundles it began, until
     every bundle begun is placed. A shard whose turn comes with none left
-    while others are still to place had ended there. Otherwise shards with
+    while others are still to place had ended there (so progress over these
+    shards always plans an epoch that delivers each batch once). Otherwise shards with
     progress go first, the others after, each from where it was.
 
     Raises a FAILED_PRECONDITION BatchError if ``progress`` cannot have come
@@ -139,13 +146,6 @@ def _rotation(numbers, concurrency, units):
         else:
             running.pop(turn)
             turn = turn % len(running) if running else 0
-    if left:
-        raise BatchError(
-            Code.FAILED_PRECONDITION,
-            "tfray: the checkpoint's batches per shard do not fit this dataset's "
-            "interleave of its shards: it was saved from another dataset, or with "
-            "deterministic=False. Restore into a tfray.Dataset built the same way.",
-        )
     return running, turn, list(pending)
 
 

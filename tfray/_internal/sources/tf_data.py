@@ -90,6 +90,6 @@ class TfDataSource(GeneratorSource):
         return self._pipeline_fn
 
     def _remake(self, shards, shard_numbers):
-        options = {**self._options, "shard_numbers": shard_numbers}
+        options = {**self._options, "shard_numbers": shard_numbers, "whole_shards": self._whole_shards}
         return TfDataSource(self._pipeline_fn, shards, element_spec=self._element_spec, **options)
 
