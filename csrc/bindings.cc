@@ -86,6 +86,7 @@ PYBIND11_MODULE(_native, m) {
       .def_readonly("deterministic", &Request::deterministic)
       .def_readonly("skip", &Request::skip)
       .def_readonly("progress", &Request::progress)
+      .def_readonly("resume_info", &Request::resume_info)
       .def_readonly("offered", &Request::offered)
       .def_readonly("replayed", &Request::replayed)
       .def_readonly("ended", &Request::ended);
@@ -172,6 +173,9 @@ PYBIND11_MODULE(_native, m) {
           "stats()['consumer_wait_s'] alone: the feeder reads it every turn.")
       .def_property_readonly("items_taken", &Channel::items_taken,
                              "Batches and errors TF has taken, in push order.")
+      .def_property("resume_info", &Channel::resume_info,
+                    &Channel::SetResumeInfo,
+                    "What a restore must know of how this epoch was made.")
       .def_property_readonly("claimed", &Channel::claimed,
                              "An iterator took this offered channel.")
       .def_property("capacity", &Channel::capacity, &Channel::SetCapacity)

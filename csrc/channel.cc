@@ -197,6 +197,13 @@ int64_t Channel::items_taken() const { return Locked(items_taken_); }
 
 bool Channel::claimed() const { return Locked(claimed_); }
 
+std::string Channel::resume_info() const { return Locked(resume_info_); }
+
+void Channel::SetResumeInfo(std::string info) {
+  std::lock_guard<std::mutex> lock(mu_);
+  resume_info_ = std::move(info);
+}
+
 void Channel::Claim() {
   std::lock_guard<std::mutex> lock(mu_);
   claimed_ = true;

@@ -195,6 +195,12 @@ class Channel {
   // epoch (SourceRegistry::RequestEpoch), before the dispatcher hears of it.
   bool claimed() const;
   void Claim();
+  // What a restore must know of how this epoch was made (its source's
+  // JSON: the job's generation, the share, the interleave), saved with a
+  // checkpoint; empty: nothing. Set by the dispatcher before the feeder
+  // starts.
+  std::string resume_info() const;
+  void SetResumeInfo(std::string info);
   size_t capacity() const;
   // Batches the channel takes now without waiting (0 once cancelled). Only
   // its one producer fills it, so that many pushes in a row will not block.
@@ -237,6 +243,7 @@ class Channel {
   bool closed_ = false;     // Guarded by mu_.
   bool cancelled_ = false;  // Guarded by mu_.
   bool claimed_ = false;    // Guarded by mu_.
+  std::string resume_info_;  // Guarded by mu_.
   int64_t items_taken_ = 0;  // Guarded by mu_.
   ChannelStats stats_;      // Guarded by mu_.
 };
@@ -293,6 +300,8 @@ class SourceRegistry {
     // The restored checkpoint's Progress (encoded), for a source that can
     // start each unit where it was; empty if it saved none.
     std::vector<int64_t> progress;
+    // The restored checkpoint's Channel::resume_info, if any.
+    std::string resume_info;
     // Set on the notice the dispatcher gets when an iterator took an
     // offered channel (`channel`); no new feeder is wanted for it.
     bool offered = false;

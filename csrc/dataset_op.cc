@@ -159,7 +159,7 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
           SourceRegistry::Request request{
               dataset()->key_,
               std::make_shared<Channel>(dataset()->info_.capacity),
-              deterministic_, position_, progress_.Encode()};
+              deterministic_, position_, progress_.Encode(), resume_info_};
           if (!SourceRegistry::Global().RequestEpoch(std::move(request),
                                                      &channel_)) {
             return NotRegistered();
@@ -231,7 +231,11 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
                      {static_cast<int64_t>(progress.size())});
       std::copy(progress.begin(), progress.end(),
                 encoded.flat<int64_t>().data());
-      return writer->WriteTensor(prefix(), kProgress, encoded);
+      TF_RETURN_IF_ERROR(writer->WriteTensor(prefix(), kProgress, encoded));
+      const std::string info =
+          channel_ != nullptr ? channel_->resume_info() : resume_info_;
+      return writer->WriteScalar(prefix(), kResumeInfo,
+                                 tensorflow::tstring(info));
     }
 
     absl::Status RestoreInternal(IteratorContext* ctx,
@@ -272,9 +276,14 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
               "written by tfray.");
         }
       }
+      tensorflow::tstring info;
+      if (reader->Contains(prefix(), kResumeInfo)) {
+        TF_RETURN_IF_ERROR(reader->ReadScalar(prefix(), kResumeInfo, &info));
+      }
       position_ = position;
       exhausted_ = exhausted != 0;
       progress_ = std::move(progress);
+      resume_info_ = std::string(info);
       return absl::OkStatus();
     }
 
@@ -339,6 +348,7 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
     static constexpr const char* const kExhausted = "exhausted";
     static constexpr const char* const kCardinality = "cardinality";
     static constexpr const char* const kProgress = "progress";
+    static constexpr const char* const kResumeInfo = "resume_info";
 
     // The channel an iterator reads, shared with its cancellation callback.
     // It is known from the first GetNext on: the iterator's own, or one the
@@ -373,6 +383,9 @@ class TfrayDatasetOp::Dataset : public DatasetBase {
     // Per work unit, what was handed out (channel.h): where a restored
     // epoch starts each unit.
     Progress progress_ TF_GUARDED_BY(mu_);
+    // The restored checkpoint's Channel::resume_info, until the epoch's
+    // channel says its own.
+    std::string resume_info_ TF_GUARDED_BY(mu_);
   };
 
   const int64_t key_;

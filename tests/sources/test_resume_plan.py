@@ -8,6 +8,7 @@ same model continues into exactly the epoch's rest.
 
 import pytest
 
+from tfray._internal.runtime.progress import Progress
 from tfray._internal.runtime.status import BatchError
 from tfray._internal.sources import resume
 
@@ -68,8 +69,7 @@ def progress_of(order, bundles):
         for size in sizes:
             starts[(shard, batch)] = size
             batch += size
-    units, last = {}, None
-    bundle_of = {}
+    units, bundle_of, last = {}, {}, None
     for shard, index in order:
         batches, begun = units.get(shard, (0, 0))
         if (shard, index) in starts:
@@ -78,7 +78,8 @@ def progress_of(order, bundles):
         units[shard] = (batches + 1, begun)
         first, size = bundle_of[shard]
         last = (shard, index - first + 1, size)
-    return resume.Progress(last, units)
+    shard, done, size = last
+    return Progress(units, {shard: (done, size)} if done < size else {})
 
 
 BUNDLES = [[1, 2, 4, 3], [1, 2], [1, 2, 4, 8, 1], [1], [1, 2, 4], [1, 2, 2]]
@@ -90,14 +91,14 @@ def test_every_prefix_plans_the_epochs_rest(concurrency):
     assert len(epoch) == sum(map(sum, BUNDLES))
     for k in range(1, len(epoch)):
         progress = progress_of(epoch[:k], BUNDLES)
-        plan = resume.plan(list(range(len(BUNDLES))), concurrency, progress, deterministic=True)
+        plan = resume.plan(list(range(len(BUNDLES))), concurrency, progress, in_order=True)
         assert interleave(BUNDLES, concurrency, plan) == epoch[k:], k
 
 
 def test_first_ready_plan_starts_shards_with_progress_first():
     epoch = interleave(BUNDLES, 2)
     progress = progress_of(epoch[:9], BUNDLES)
-    plan = resume.plan(list(range(len(BUNDLES))), 2, progress, deterministic=False)
+    plan = resume.plan(list(range(len(BUNDLES))), 2, progress, in_order=False)
     begun = sorted(progress.units)
     assert (plan.running + plan.pending)[: len(begun)] == begun
     assert sorted(plan.running + plan.pending) == list(range(len(BUNDLES)))
@@ -105,14 +106,14 @@ def test_first_ready_plan_starts_shards_with_progress_first():
 
 
 def test_progress_of_a_shard_the_dataset_lacks_is_refused():
-    progress = resume.Progress((9, 1, 1), {9: (1, 1)})
+    progress = Progress({9: (1, 1)}, {})
     with pytest.raises(BatchError, match=r"shard\(s\) \[9\]"):
-        resume.plan([0, 1, 2], 2, progress, deterministic=True)
+        resume.plan([0, 1, 2], 2, progress, in_order=True)
 
 
 
 def test_progress_of_another_workers_share_is_told_apart():
-    progress = resume.Progress((2, 1, 1), {0: (3, 2), 2: (1, 1)})
+    progress = Progress({0: (3, 2), 2: (1, 1)}, {})
     assert resume.of_another_share(progress, [1, 3], 4)
     assert not resume.of_another_share(progress, [0, 2], 4)
     assert not resume.of_another_share(progress, [1, 3], 2)  # Shard 2 is in no share of 2 shards.

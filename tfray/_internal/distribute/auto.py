@@ -15,12 +15,14 @@ every multi-worker strategy) ends the epoch on all workers together.
 """
 
 import copy
+import hashlib
 import logging
 
 import tensorflow as tf
 from tensorflow.python.distribute import multi_worker_util
 
 from tfray._internal import sources
+from tfray._internal.distribute import position
 from tfray._internal.distribute.dynamic import DynamicSource
 from tfray._internal.sharding import DynamicSharding
 
@@ -52,6 +54,9 @@ def share_of(source, *, sharding, input_context, heartbeat):
         return dynamic_share(source, sharding, heartbeat)
     share = worker_share(input_context)
     if share is None:
+        # One worker: its checkpoints say where the job is, unless it restores
+        # one saved by a job of several (then it goes on recording the job's).
+        source.job = job_position(source, (1, 0))
         return source, None
     num_shards, index = share
     try:
@@ -68,8 +73,26 @@ def share_of(source, *, sharding, input_context, heartbeat):
         )
         return source, None
     part.cardinality = sources.UNKNOWN_CARDINALITY
+    part.job = job_position(source, share)
     logger.info("tfray: worker %d of %d reads its share at the source", index, num_shards)
     return part, share
+
+
+def job_position(source, share):
+    """This worker's client of the job's position of ``source`` (position.py), or None.
+
+    For a source with units whose name is the same in every worker process;
+    without one (a lambda), a restore resumes each worker's share at the
+    chief's position of its own epoch.
+    """
+    if not source.has_units:
+        return None
+    key = source.work_units()[0]
+    if key is None:
+        return None
+    num_shards, index = share
+    name = "tfray-position-" + hashlib.sha256(key.encode()).hexdigest()[:24]
+    return position.Client(name, worker=index, workers=num_shards)
 
 
 def check_options(sharding, input_context):

@@ -72,7 +72,7 @@ class DynamicSource(Source):
         )
         super().__init__(whole.spec_only(), capacity=whole.capacity)
 
-    def open_epoch(self, *, deterministic, skip=0, progress=None, taken=None):
+    def open_epoch(self, *, deterministic, skip=0, progress=None, resume_info=None, taken=None):
         if skip:
             raise BatchError(
                 Code.FAILED_PRECONDITION,

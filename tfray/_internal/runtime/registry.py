@@ -26,6 +26,7 @@ ends it, all here, on the dispatcher thread:
 import collections
 import functools
 import itertools
+import json
 import logging
 import threading
 from typing import NamedTuple, Tuple
@@ -35,6 +36,7 @@ import ray._raylet
 from tfray._internal.runtime import ray_api
 from tfray._internal.runtime.batch import Checks
 from tfray._internal.runtime.feeder import Feeder, Recorder
+from tfray._internal.runtime.progress import Progress
 from tfray._internal.runtime.service import Service
 from tfray._internal.runtime.status import BatchError, Code
 
@@ -275,9 +277,12 @@ class Registry(Service):
             stream = source.open_epoch(
                 deterministic=request.deterministic,
                 skip=request.skip,
-                progress=request.progress or None,
+                progress=Progress.decode(request.progress),
+                resume_info=json.loads(request.resume_info) if request.resume_info else None,
                 taken=lambda: channel.items_taken,
             )
+            info = getattr(stream, "resume_info", None)  # What its checkpoints save.
+            channel.resume_info = "" if info is None else json.dumps(info)
         except BatchError as e:
             channel.push_error(int(e.code), e.message)
             channel.close()

@@ -58,6 +58,16 @@ class Source:
     # A tf function from the op's dense element (``wire_spec``) to the
     # source's (``element_spec``), mapped over the op; None: they are one.
     decode = None
+    # Whether its batches carry their work unit (bundles.BatchLabel), so a
+    # checkpoint knows what each unit handed out and an epoch can start
+    # each unit anywhere.
+    has_units = False
+    # On a worker's share of a source with units: the job's position
+    # (distribute/position.py's Client), which names each epoch's
+    # generation (``open(restored, position)`` -> ``(generation, units)``),
+    # says what the job handed out of this share (``progress``), and
+    # records what this worker hands out (``recorded(stream, generation)``).
+    job = None
 
     def __init__(self, element_spec, capacity):
         self.session = ray_api.session()  # Its refs and producers live in this one.
@@ -102,13 +112,15 @@ class Source:
     def _infer_spec(self):
         raise NotImplementedError
 
-    def open_epoch(self, *, deterministic, skip=0, progress=None, taken=None):
+    def open_epoch(self, *, deterministic, skip=0, progress=None, resume_info=None, taken=None):
         """A stream of one epoch, past its first ``skip`` items (see resume.py).
 
-        ``progress``: the restored checkpoint's progress per work unit, as
-        the native iterator encodes it (resume.Progress), or None. A source
-        that labels its batches with units (generators) starts each unit
-        there instead of passing over ``skip`` items; the others have none.
+        ``progress``: the restored checkpoint's runtime.progress.Progress,
+        or None. A source with units (generators) starts each unit there
+        instead of passing over ``skip`` items; the others have none.
+        ``resume_info``: what the restored checkpoint's epoch said of how it
+        was made (its stream's ``resume_info``: the job's generation, the
+        share, the interleave), or None.
 
         ``taken()``: how many of the items the stream hands on (batches and
         errors, in order) TensorFlow has taken; for a source whose work is

@@ -446,6 +446,7 @@ class GeneratorSource(Source):
     """``fn(shard)`` generators, each run as a streaming Ray task per epoch."""
 
     kind = "from_generators"
+    has_units = True
 
     def __init__(
         self,
@@ -648,22 +649,30 @@ class GeneratorSource(Source):
                 del early
         super().close()
 
-    def open_epoch(self, *, deterministic, skip=0, progress=None, taken=None):
+    def open_epoch(self, *, deterministic, skip=0, progress=None, resume_info=None, taken=None):
         deterministic = deterministic if self._deterministic is None else self._deterministic
+        restored = resume_info or {}
+        generation = None
+        if self.job is not None:  # A worker's share: the job's position is the whole job's.
+            generation, units = self.job.open(restored.get("job"), skip)
+            if units is not None:
+                progress = self.job.progress(units, self._numbers)
         with self._lock:
             early, self._early = self._early, None
         if early is not None and skip:  # A resumed epoch starts afresh.
             early.close()
             early = None
-        progress = resume.Progress.decode(progress)
         if progress is not None and resume.of_another_share(progress, self._numbers, self._whole_shards):
             # Every worker restores the chief's checkpoint (MultiWorkerMirroredStrategy,
-            # Ray Train): in a synchronous job this worker's share stands at the same
-            # position of its own epoch, which it passes over.
+            # Ray Train), and the job's position is not known: in a synchronous job this
+            # worker's share stands at the same position of its own epoch, which it passes over.
             logger.info("tfray: %s resumes its share at item %d of its epoch", self._name(), skip)
             progress = None
+        layout = {"workers": 1 if self.job is None else self.job.workers, "rotation": self._at_once()}
         if progress is not None:  # Each shard starts where the checkpoint left it.
-            shards = self._start(resume.plan(self._numbers, self._at_once(), progress, deterministic=deterministic))
+            # In the order an uninterrupted epoch has, if its shards interleaved as these will.
+            in_order = deterministic and all(restored.get(k) == v for k, v in layout.items())
+            shards = self._start(resume.plan(self._numbers, self._at_once(), progress, in_order=in_order))
             skip = 0
         else:
             shards = early or self._start()
@@ -674,6 +683,9 @@ class GeneratorSource(Source):
                 resume.warn_inexact("from_generators", skip, "its shards interleave first-ready (deterministic=False)")
             # A bundle's batches are counted once it is read.
             epoch = resume.SkippedItems(epoch, skip)
+        if generation is not None:
+            epoch = self.job.recorded(epoch, generation)
+        epoch.resume_info = dict(layout, job=generation)  # What its checkpoints save (registry.py).
         return epoch
 
     def lookahead(self):

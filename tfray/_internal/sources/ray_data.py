@@ -461,7 +461,7 @@ class RayDataSource(Source):
             )
         return IterBatches(self._data, elements, args)
 
-    def open_epoch(self, *, deterministic, skip=0, progress=None, taken=None):
+    def open_epoch(self, *, deterministic, skip=0, progress=None, resume_info=None, taken=None):
         stream = self._start()
         if skip:
             if not preserves_order(self._data, self._iter_batches_args):

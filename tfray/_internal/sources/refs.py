@@ -73,7 +73,7 @@ class RefsSource(Source):
             self._refs[index::num_shards], element_spec=self.element_spec, **self._options
         )
 
-    def open_epoch(self, *, deterministic, skip=0, progress=None, taken=None):
+    def open_epoch(self, *, deterministic, skip=0, progress=None, resume_info=None, taken=None):
         if self._refs is not None:
             refs = self._refs[skip:]
         elif self._iterator is not None:

@@ -3,8 +3,8 @@
 A restored TF iterator asks its source for the epoch again with what it had
 handed out: the number of items (batches, or per-batch errors), and, for a
 source made of work units (a generator's or a tf.data pipeline's shards),
-what it handed out of each unit (``Progress``, which the iterator counts
-natively: channel.h). With the units' progress, ``plan`` says where each
+what it handed out of each unit (a ``runtime.progress.Progress``, which the
+iterator counts natively: channel.h). With the units' progress, ``plan`` says where each
 shard starts and where the interleave stands, so that the resumed epoch
 makes only what is left, in the order an uninterrupted epoch would have
 delivered it. Without it (a checkpoint of a source without units, or one
@@ -16,38 +16,12 @@ items in the same order each time it is run.
 
 import collections
 import logging
-from typing import Dict, List, NamedTuple, Tuple
+from typing import Dict, List, NamedTuple
 
 from tfray._internal.runtime.status import BatchError, Code
 from tfray._internal.runtime.streams import Wrapped
 
 logger = logging.getLogger("tfray")
-
-
-class Progress(NamedTuple):
-    """What a checkpointed iterator handed out of each unit (channel.h's Progress).
-
-    ``units`` maps a unit (a shard's number) to ``(batches, bundles)``: its
-    batches handed out, and the bundles they began. ``last`` is the last
-    batch's unit, how many of its bundle were handed out, and the bundle's
-    size: the only bundle that may be handed out in part.
-    """
-
-    last: Tuple[int, int, int]
-    units: Dict[int, Tuple[int, int]]
-
-    @classmethod
-    def decode(cls, encoded):
-        """The Progress of the native encoding, or None if it is empty."""
-        if not encoded:
-            return None
-        units = {encoded[i]: (encoded[i + 1], encoded[i + 2]) for i in range(3, len(encoded), 3)}
-        return cls(tuple(encoded[:3]), units)
-
-    @property
-    def rest(self):
-        """Batches left of the last bundle handed out in part (0: none)."""
-        return self.last[2] - self.last[1]
 
 
 class Start(NamedTuple):
@@ -81,19 +55,23 @@ def of_another_share(progress, numbers, whole):
     return not units <= set(numbers) and all(0 <= unit < whole for unit in units)
 
 
-def plan(numbers, concurrency, progress, *, deterministic):
+def plan(numbers, concurrency, progress, *, in_order):
     """The Plan of an epoch over shards ``numbers`` that resumes from ``progress``.
 
-    ``deterministic``: the rotation is rebuilt, so the rest of the epoch
-    comes in the order an uninterrupted epoch would have delivered it.
-    Shards take turns a bundle at a time, a shard that ends replaced in its
-    place by the next (generators.GeneratorShards), and the batches handed
-    out are a prefix of that order: the rotation is replayed bundle by
-    bundle, each shard's turn taking one of the bundles it began, until
-    every bundle begun is placed. A shard whose turn comes with none left
-    while others are still to place had ended there (so progress over these
-    shards always plans an epoch that delivers each batch once). Otherwise shards with
-    progress go first, the others after, each from where it was.
+    ``in_order`` (the epoch saved interleaved its shards deterministically,
+    as many at once, and this worker's progress is its own): the rotation
+    is rebuilt, so the rest of the epoch comes in the order an
+    uninterrupted epoch would have delivered it. Shards take turns a bundle
+    at a time, a shard that ends replaced in its place by the next
+    (generators.GeneratorShards), and the batches handed out are a prefix
+    of that order: the rotation is replayed bundle by bundle, each shard's
+    turn taking one of the bundles it began, until every bundle begun is
+    placed. A shard whose turn comes with none left while others are still
+    to place had ended there. Otherwise (the job came back with another
+    number of workers, or on a cluster that runs another number of
+    producers at once) none can be known to have ended: shards with
+    progress go first, the others after, each from where it was, so each
+    batch comes once.
 
     Raises a FAILED_PRECONDITION BatchError if ``progress`` cannot have come
     from this dataset (another dataset's checkpoint).
@@ -112,18 +90,18 @@ def plan(numbers, concurrency, progress, *, deterministic):
         if number not in units:
             continue
         batches, bundles = units[number]
-        rest = progress.rest if number == progress.last[0] else 0
-        starts[index] = Start(batches, bundles, rest)
-        if rest:
-            offsets[index] = progress.last[1]
-    if not deterministic:
+        done, size = progress.partial.get(number, (0, 0))
+        starts[index] = Start(batches, bundles, size - done)
+        if done:
+            offsets[index] = done
+    if not in_order:
         order = [i for i in range(len(numbers)) if i in starts] + [
             i for i in range(len(numbers)) if i not in starts
         ]
         running = order[:concurrency]
         return Plan(running, 0, order[len(running) :], starts, offsets)
     running, turn, pending = _rotation(numbers, concurrency, units)
-    if offsets:  # The bundle handed out in part comes first: its turn was the last.
+    if len(offsets) == 1:  # An iterator's bundle handed out in part comes first: its turn was the last.
         turn = (turn - 1) % len(running)
     return Plan(running, turn, pending, starts, offsets)
 
