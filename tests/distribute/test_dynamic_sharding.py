@@ -284,8 +284,11 @@ def test_generator_datasets_are_named_alike_in_every_process():
     assert generators.stable_name(lambda shard: iter(())) is None
 
 
-def test_a_dynamic_iterator_refuses_to_be_restored(tmp_path):
-    """A checkpoint of a dynamic iterator cannot be restored: which units it read was decided as it read."""
+def test_a_dynamic_iterator_of_refs_refuses_to_be_restored(tmp_path):
+    """A checkpoint of a dynamic iterator of refs cannot be restored: no record says which units it read.
+
+    (A dynamic iterator of generators restores: tests/distribute/test_elastic.py.)
+    """
     refs = make_refs(4)
     sharding = tfray.DynamicSharding(name="test-no-restore")
     ds = without_prefetch(tfray.Dataset(refs, sharding=sharding))
@@ -300,5 +303,5 @@ def test_a_dynamic_iterator_refuses_to_be_restored(tmp_path):
     gc.collect()
     restored = iter(ds)
     tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
-    with pytest.raises(tf.errors.FailedPreconditionError, match="cannot be restored from a checkpoint.*Checkpoint the model"):
+    with pytest.raises(tf.errors.FailedPreconditionError, match="of refs cannot be restored from a checkpoint.*Checkpoint the model"):
         next(restored)

@@ -11,7 +11,9 @@ a shard again from its start shows up too.
 """
 
 import collections
+import gc
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -51,12 +53,16 @@ def _made(made_dir):
     return made
 
 
-def _workers(fn, n):
-    """The iterators of a job of ``n`` workers, each over its own share."""
+def _workers(fn, n, dynamic=None):
+    """The iterators of a job of ``n`` workers: each over its own share, or (``dynamic``: a name) units it is handed."""
     iterators = []
     for i in range(n):
-        context = tf.distribute.InputContext(num_input_pipelines=n, input_pipeline_id=i)
-        ds = tfray.Dataset.from_generators(fn, SHARDS, element_spec=SPEC, deterministic=True, input_context=context)
+        if dynamic is None:
+            context = tf.distribute.InputContext(num_input_pipelines=n, input_pipeline_id=i)
+            options = dict(input_context=context)
+        else:
+            options = dict(sharding=tfray.DynamicSharding(name=dynamic))
+        ds = tfray.Dataset.from_generators(fn, SHARDS, element_spec=SPEC, deterministic=True, **options)
         iterators.append(iter(without_prefetch(ds)))
     return iterators
 
@@ -66,20 +72,43 @@ def _steps(iterators, steps):
     return [int(next(it)["id"][0]) for _ in range(steps) for it in iterators]
 
 
-@pytest.mark.parametrize(("before", "after", "steps"), [(3, 2, 4), (2, 3, 5), (3, 3, 3), (2, 1, 6)])
-def test_every_batch_once_across_an_elastic_restore(ray_session, tmp_path, before, after, steps):
+def _restored_job(fn, n, path, dynamic=None):
+    """Every batch a job of ``n`` workers reads after each restored ``path``, the chief's checkpoint."""
+    job = _workers(fn, n, dynamic)
+    for it in job:
+        tf.train.Checkpoint(iterator=it).read(path).assert_consumed()
+    if dynamic is None:  # Each reads its share to its end.
+        return [int(b["id"][0]) for it in job for b in it]
+    # Dynamic: each in a thread of its own, as workers run apart: one that
+    # has run dry waits for the epoch's end, which the others' reading brings.
+    reads = [[] for _ in job]
+    threads = [
+        threading.Thread(target=lambda it=it, out=out: out.extend(int(b["id"][0]) for b in it))
+        for it, out in zip(job, reads)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads), "a worker did not reach the epoch's end"
+    return [i for out in reads for i in out]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "steps", "dynamic"),
+    [(3, 2, 4, None), (2, 3, 5, None), (3, 3, 3, None), (2, 1, 6, None), (3, 2, 4, "elastic-a"), (2, 3, 5, "elastic-b")],
+)
+def test_every_batch_once_across_an_elastic_restore(ray_session, tmp_path, before, after, steps, dynamic):
     saving, restored = tmp_path / "saving", tmp_path / "restored"
     saving.mkdir()
     restored.mkdir()
     path = str(tmp_path / "ckpt")
-    job = _workers(_shard_function(str(saving)), before)
+    job = _workers(_shard_function(str(saving)), before, dynamic)
     taken = _steps(job, steps)
     tf.train.Checkpoint(iterator=job[0]).write(path)  # The chief's.
     del job
-    rest = []
-    for it in _workers(_shard_function(str(restored)), after):
-        tf.train.Checkpoint(iterator=it).read(path).assert_consumed()
-        rest += [int(b["id"][0]) for b in it]
+    gc.collect()  # Its iterators gone: their dynamic units return to the coordinator.
+    rest = _restored_job(_shard_function(str(restored)), after, path, dynamic)
     epoch = [100 * s + j for s in range(SHARDS) for j in range(_per_shard(s))]
     assert sorted(taken + rest) == epoch, collections.Counter(taken + rest) - collections.Counter(epoch)
     # The second job made what was left: no shard from its start again.
@@ -99,3 +128,41 @@ def test_same_worker_count_resumes_each_share_in_order(ray_session, tmp_path):
     for i, it in enumerate(_workers(fn, 2)):
         tf.train.Checkpoint(iterator=it).read(path).assert_consumed()
         assert [int(b["id"][0]) for b in it] == whole[i][4:]
+
+
+def _forget_the_job(name="tfray-position-"):
+    """Kills every JobPosition actor, as a new Ray cluster would start without them."""
+    import ray
+
+    from tfray._internal.distribute import position
+
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == position.NAMESPACE and actor["name"].startswith(name):
+            ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]))
+
+
+def test_without_the_job_position_the_same_worker_count_still_resumes(ray_session, tmp_path):
+    """Each worker then resumes its own share at the chief's position: every batch once, if slower."""
+    fn = _shard_function(str(tmp_path))
+    path = str(tmp_path / "ckpt")
+    job = _workers(fn, 2)
+    taken = _steps(job, 4)
+    tf.train.Checkpoint(iterator=job[0]).write(path)
+    del job
+    _forget_the_job()
+    rest = _restored_job(fn, 2, path)
+    assert sorted(taken + rest) == [100 * s + j for s in range(SHARDS) for j in range(_per_shard(s))]
+
+
+def test_without_the_job_position_another_worker_count_is_refused(ray_session, tmp_path):
+    fn = _shard_function(str(tmp_path))
+    path = str(tmp_path / "ckpt")
+    job = _workers(fn, 3)
+    _steps(job, 2)
+    tf.train.Checkpoint(iterator=job[0]).write(path)
+    del job
+    _forget_the_job()
+    it = _workers(fn, 2)[1]
+    tf.train.Checkpoint(iterator=it).read(path).assert_consumed()
+    with pytest.raises(tf.errors.FailedPreconditionError, match="job's position .* is gone"):
+        next(it)

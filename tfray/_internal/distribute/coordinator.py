@@ -44,8 +44,8 @@ _EPOCHS_KEPT = 8
 class _Epoch:
     """One epoch's units: waiting, and leased (unit -> worker); the rest are finished."""
 
-    def __init__(self, num_units):
-        self.waiting = collections.deque(range(num_units))
+    def __init__(self, num_units, order=None):
+        self.waiting = collections.deque(range(num_units) if order is None else order)
         self.leased = {}
         self.taken = collections.defaultdict(list)  # worker -> units handed to it.
 
@@ -68,6 +68,7 @@ class Coordinator:
         self._idle_s = idle_s
         self._epochs = {}  # epoch -> _Epoch.
         self._next_epoch = {}  # worker -> the epoch its next iterator reads.
+        self._restored = {}  # generation restored (position.py) -> its epoch.
         self._seen = {}  # worker -> time.monotonic() of its latest call.
         self._changed = None  # asyncio.Event, set on a change; made on the actor's loop.
         self._last_call = time.monotonic()
@@ -77,15 +78,24 @@ class Coordinator:
         self._touch(worker)
         return self._num_units
 
-    async def begin(self, worker):
+    async def begin(self, worker, generation=None, order=None):
         """Starts an iterator of ``worker``; returns the number of its epoch.
 
         That is the epoch after the last one this worker saw end, so an
         iterator dropped early (Keras may drop one unread at an epoch's end) leaves
         its epoch to the worker's next iterator. A worker new to the dataset
         joins the oldest epoch not over, to help the others finish it.
+
+        A restored iterator names the ``generation`` of the job's position
+        it resumes (position.py): its epoch is a new one, the same for every
+        worker that restores it, which hands out its units in ``order``.
         """
         self._touch(worker)
+        if generation is not None:
+            if generation not in self._restored:
+                self._restored[generation] = max(self._epochs, default=-1) + 1
+                self._epoch(self._restored[generation], order)
+            self._next_epoch[worker] = self._restored[generation]
         if worker not in self._next_epoch:
             running = [e for e, state in self._epochs.items() if not state.over]
             self._next_epoch[worker] = min(running, default=max(self._epochs, default=-1) + 1)
@@ -152,9 +162,9 @@ class Coordinator:
         """``{epoch: {worker: [units handed to it]}}`` for the epochs kept."""
         return {e: dict(state.taken) for e, state in self._epochs.items()}
 
-    def _epoch(self, epoch):
+    def _epoch(self, epoch, order=None):
         if epoch not in self._epochs:
-            self._epochs[epoch] = _Epoch(self._num_units)
+            self._epochs[epoch] = _Epoch(self._num_units, order)
             for old in [e for e in self._epochs if e <= epoch - _EPOCHS_KEPT]:
                 del self._epochs[old]
         return self._epochs[epoch]
@@ -241,8 +251,8 @@ class Client:
             )
         heartbeat.add(self)  # Renews its leases.
 
-    def begin(self):
-        return self._call("begin", self.worker)
+    def begin(self, generation=None, order=None):
+        return self._call("begin", self.worker, generation, order)
 
     def acquire(self, epoch, n, finished, wait_s):
         return self._call("acquire", self.worker, epoch, n, list(finished), wait_s)

@@ -21,12 +21,13 @@ take everything before a slower one asks.
 """
 
 import collections
+import functools
 import hashlib
 import uuid
 
 import ray
 
-from tfray._internal.distribute import coordinator
+from tfray._internal.distribute import coordinator, position
 from tfray._internal.runtime.resolver import RefResolver
 from tfray._internal.runtime.streams import Unplaced
 from tfray._internal.runtime.status import BatchError, Code
@@ -60,8 +61,12 @@ class DynamicSource(Source):
                 "so the workers cannot find one coordinator by it. Name the dataset: "
                 "sharding=tfray.DynamicSharding(name='...'), the same name on every worker."
             )
-        name = options.name or "tfray-dynamic-" + hashlib.sha256(key.encode()).hexdigest()[:24]
+        digest = hashlib.sha256((options.name or key).encode()).hexdigest()[:24]
+        name = options.name or "tfray-dynamic-" + digest
         self._whole = whole
+        self._num_units = num_units
+        # The job's position, for a whole whose batches carry their units.
+        self._position = position.Client("tfray-position-" + digest, worker=None, workers=None) if whole.has_units else None
         self.client = coordinator.Client(
             name,
             worker=uuid.uuid4().hex,
@@ -73,17 +78,45 @@ class DynamicSource(Source):
         super().__init__(whole.spec_only(), capacity=whole.capacity)
 
     def open_epoch(self, *, deterministic, skip=0, progress=None, resume_info=None, taken=None):
-        if skip:
+        """A worker's epoch of the units the coordinator hands it.
+
+        A restored one resumes the job's position (position.py), which every
+        worker's iterator records as it reads: a new coordinator epoch hands
+        out every unit again, those begun first, and each starts where the
+        job left it. Its units are a generator's shards; refs carry no units
+        to record.
+        """
+        restored = (resume_info or {}).get("job")
+        if skip and (self._position is None or not restored):
             raise BatchError(
                 Code.FAILED_PRECONDITION,
-                "tfray: an iterator of a sharding='dynamic' dataset cannot be "
+                "tfray: an iterator of a sharding='dynamic' dataset of refs cannot be "
                 "restored from a checkpoint: which units each worker read is "
-                "decided as it reads. Checkpoint the model and start a new epoch.",
+                "decided as it reads, and refs do not record it. Checkpoint the "
+                "model and start a new epoch, or read the refs from producers "
+                "(from_generators).",
             )
-        units = UnitRefs(self.client, self.client.begin(), self._whole.unit_refs, self._at_once)
+        unit_refs, begun = self._whole.unit_refs, None
+        if skip:
+            generation, units = self._position.open(restored, skip, must_know=True)
+            progress = position.progress_of(units, set(range(self._num_units)))
+            begun = sorted(progress.units)
+            order = begun + [u for u in range(self._num_units) if u not in progress.units]
+            epoch = self.client.begin(generation, order)
+            unit_refs = functools.partial(unit_refs, progress=progress)
+        else:
+            epoch = self.client.begin()
+            generation = None
+            if self._position is not None:
+                generation, _ = self._position.open(None, 0, fresh=f"e{epoch}")
+        units = UnitRefs(self.client, epoch, unit_refs, self._at_once)
         # Adaptive for refs (unless max_inflight fixes it): a consumer that
         # waits for input asks for more units at a time, a slow one does not.
-        return DynamicEpoch(units, self._whole.lookahead(), taken)
+        stream = DynamicEpoch(units, self._whole.lookahead(), taken)
+        if generation is not None:
+            stream = self._position.recorded(stream, generation)
+            stream.resume_info = {"job": generation}  # What its checkpoints save (registry.py).
+        return stream
 
 
 class UnitRefs(BundledRefs):

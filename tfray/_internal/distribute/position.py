@@ -31,6 +31,7 @@ from ray import cloudpickle
 
 from tfray._internal.runtime import ray_api
 from tfray._internal.runtime.progress import Progress
+from tfray._internal.runtime.status import BatchError, Code
 from tfray._internal.runtime.streams import Wrapped
 
 # By value, as coordinator.py: the actor's process never imports tfray.
@@ -163,7 +164,7 @@ class Client:
         self._handle = None  # Connected when first needed.
         self._fresh = 0  # Epochs begun afresh in this process.
 
-    def open(self, restored, position):
+    def open(self, restored, position, fresh=None, must_know=False):
         """``(generation, job position)`` of a new epoch's stream.
 
         ``restored``: the checkpoint's generation, if the epoch is restored
@@ -171,15 +172,28 @@ class Client:
         ``{unit: (batches, bundles, done, size)}``, or None if the actor no
         longer knows that generation (the Ray cluster that kept it is gone).
         A lone worker's fresh epoch is not recorded (generation None): its
-        own checkpoints say where it is.
+        own checkpoints say where it is. ``fresh``: the name of a fresh
+        generation, when workers agree on one otherwise (dynamic sharding's
+        coordinator epoch); by default this process's epochs are counted.
+        ``must_know``: a job position not known raises a FAILED_PRECONDITION
+        BatchError instead.
         """
         if self.workers == 1 and not restored:
             return None, None
         suffix = "" if self.workers is None else f"-n{self.workers}"
         if restored:
             name = f"{restored}/{position}{suffix}"
-            return name, self._call("begin", name, restored, position)
-        name = f"e{self._fresh}{suffix}"
+            units = self._call("begin", name, restored, position)
+            if units is None and must_know:
+                raise BatchError(
+                    Code.FAILED_PRECONDITION,
+                    f"tfray: the job's position of the checkpoint's epoch ({restored}) is gone: "
+                    "the Ray cluster that kept it was shut down, and each worker restores the "
+                    "chief's checkpoint, which holds only the chief's share. Restore on the Ray "
+                    "cluster the job ran on, with as many workers as it had, or start a new epoch.",
+                )
+            return name, units
+        name = fresh or f"e{self._fresh}{suffix}"
         self._fresh += 1
         self._call("begin", name)
         return name, None

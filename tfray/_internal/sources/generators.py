@@ -35,6 +35,7 @@ from ray import cloudpickle
 
 from tfray._internal.runtime import ray_api, spec
 from tfray._internal.runtime.lookahead import START, LookAhead
+from tfray._internal.runtime.progress import Progress
 from tfray._internal.runtime.resolver import RefResolver
 from tfray._internal.runtime.status import EpochError
 from tfray._internal.runtime.streams import Wrapped
@@ -532,12 +533,20 @@ class GeneratorSource(Source):
         """A running producer's share of a quarter of the store (inflight.py)."""
         return inflight.share(default_budget(), self._at_once())
 
-    def unit_refs(self, unit):
-        """The ref stream of work unit ``unit``: shard ``unit``'s producer."""
-        return self._producer(unit, self._inflight)
+    def unit_refs(self, unit, progress=None):
+        """The ref stream of work unit ``unit``: shard ``unit``'s producer.
 
-    def _producer(self, number, per_producer):
-        """The ref stream of shard ``number`` alone."""
+        ``progress`` (a runtime.progress.Progress): where a restored epoch
+        starts the shard.
+        """
+        number, resumed = self._numbers[unit], None
+        if progress is not None and number in progress.units:
+            own = Progress({number: progress.units[number]}, {number: progress.partial[number]} if number in progress.partial else {})
+            resumed = resume.plan([number], 1, own, in_order=False)
+        return self._producer(unit, self._inflight, resumed)
+
+    def _producer(self, number, per_producer, resumed=None):
+        """The ref stream of shard ``number`` alone (from where ``resumed``, a resume.Plan, starts it)."""
         return GeneratorShards(
             self._fn,
             [self._shards[number]],
@@ -550,6 +559,7 @@ class GeneratorSource(Source):
             name=self._name(),
             placement_timeout_s=self._placement_timeout_s,
             shard_numbers=[self._numbers[number]],
+            resume=resumed,
             asks_start=self._asks_start,
         )
 
@@ -654,7 +664,10 @@ class GeneratorSource(Source):
         restored = resume_info or {}
         generation = None
         if self.job is not None:  # A worker's share: the job's position is the whole job's.
-            generation, units = self.job.open(restored.get("job"), skip)
+            # Known, or this worker's share at the chief's position of its own epoch
+            # (below) is the job's position only if the job has as many workers.
+            must_know = restored.get("workers", 1) != self.job.workers
+            generation, units = self.job.open(restored.get("job"), skip, must_know=must_know)
             if units is not None:
                 progress = self.job.progress(units, self._numbers)
         with self._lock:
