@@ -137,6 +137,7 @@ examples-quick: build
 	$(PY) examples/parallel_generators.py --batches 24 --epochs 2
 	$(PY) examples/ray_data_fit.py --rows 8192 --epochs 2
 	$(PY) examples/ray_train_mwms.py --rows 512 --epochs 2
+	$(PY) examples/ray_train_resume.py
 	$(PY) examples/multi_worker.py --timeout 300
 
 # BENCH_ARGS go to the benchmark, e.g. BENCH_ARGS=--quick for a short run.

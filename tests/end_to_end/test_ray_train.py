@@ -38,3 +38,12 @@ def test_two_workers_fit_on_disjoint_halves_covering_every_row(tmp_path):
     # Data's copy (test_ray_data_zero_copy.py has a shard of big blocks
     # reach TF zero-copy).
     assert all(report["bytes_copied"] > 0 for report in reports.values())
+
+
+def test_a_worker_that_dies_mid_epoch_resumes_with_every_batch_once(tmp_path):
+    """examples/ray_train_resume.py: a restart from the chief's checkpoint trains on each batch once."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "examples"))
+    import ray_train_resume
+
+    cloudpickle.register_pickle_by_value(ray_train_resume)
+    assert ray_train_resume.check(ray_train_resume.run(str(tmp_path))) == []
