@@ -160,7 +160,11 @@ def child(config):
 def run_child(config, work_dir, timeout=300):
     config = dict(config, out=os.path.join(work_dir, "out.json"))
     done = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(config)], capture_output=True, text=True, timeout=timeout
+        [sys.executable, __file__, "--child", json.dumps(config)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     if done.returncode != 0:
         raise RuntimeError(f"{config['mode']} process failed:\n{done.stderr[-3000:]}")
@@ -181,7 +185,7 @@ def measure(kind, address, root, log):
     total = len(epoch["ids"])
     rows = []
     for fraction in POSITIONS:
-        position = int(round(fraction * total))
+        position = round(fraction * total)
         name = f"{kind}-{position}"
         ckpt = os.path.join(root, name, "ckpt")
         run_child(dict(base, mode="save", position=position, ckpt=ckpt, made_dir=fresh_dir(root, name + "-save")), root)
@@ -208,12 +212,20 @@ def targets(rows):
         mine = [r for r in rows if r["kind"] == kind]
         if kind.endswith("start"):
             worst = max(r["made"] / max(1, r["left"]) for r in mine)
-            out.append((f"{kind}: made / left <= {MADE_OVER_LEFT} at every position (worst {worst:.2f})",
-                        worst <= MADE_OVER_LEFT))
+            out.append(
+                (
+                    f"{kind}: made / left <= {MADE_OVER_LEFT} at every position (worst {worst:.2f})",
+                    worst <= MADE_OVER_LEFT,
+                )
+            )
         first = {r["position"] / r["total"]: r["first_s"] for r in mine}
         spread = first[max(first)] / first[min(first)]
-        out.append((f"{kind}: first batch at 90% / at 10% <= {FIRST_BATCH_SPREAD} ({spread:.2f})",
-                    spread <= FIRST_BATCH_SPREAD))
+        out.append(
+            (
+                f"{kind}: first batch at 90% / at 10% <= {FIRST_BATCH_SPREAD} ({spread:.2f})",
+                spread <= FIRST_BATCH_SPREAD,
+            )
+        )
         out.append((f"{kind}: the rest is an uninterrupted epoch's, batch for batch", all(r["exact"] for r in mine)))
     return out
 
@@ -228,7 +240,6 @@ def main(argv=None):
         return child(json.loads(args.child))
 
     import ray
-
     import report
 
     ray.init(num_cpus=2, object_store_memory=200 << 20, log_to_driver=False, include_dashboard=False)
@@ -242,8 +253,15 @@ def main(argv=None):
     machine = report.machine_info()
     header = ["source", "position", "made after restore", "left", "made / left", "first batch s", "rest exact"]
     lines = [
-        [r["kind"], f"{r['position']} of {r['total']}", str(r["made"]), str(r["left"]),
-         f"{r['made'] / max(1, r['left']):.2f}", f"{r['first_s']:.2f}", "yes" if r["exact"] else "NO"]
+        [
+            r["kind"],
+            f"{r['position']} of {r['total']}",
+            str(r["made"]),
+            str(r["left"]),
+            f"{r['made'] / max(1, r['left']):.2f}",
+            f"{r['first_s']:.2f}",
+            "yes" if r["exact"] else "NO",
+        ]
         for r in rows
     ]
     print()
@@ -252,8 +270,10 @@ def main(argv=None):
     checks = targets(rows)
     for text, met in checks:
         print(("met     " if met else "NOT MET ") + text)
-    print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in machine['load_avg_at_end'])}; "
-          f"tfray {machine['git_commit']}{' (modified)' if machine['tfray_sources_modified'] else ''}")
+    print(
+        f"\nload average at the end: {' '.join(f'{x:.2f}' for x in machine['load_avg_at_end'])}; "
+        f"tfray {machine['git_commit']}{' (modified)' if machine['tfray_sources_modified'] else ''}"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "targets": checks, "machine": machine}, f, indent=1)

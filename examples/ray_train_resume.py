@@ -65,9 +65,9 @@ class Ledger:
 def train_loop_per_worker(config):
     """One worker: MWMS, its share of the dataset, a step a batch, a checkpoint every SAVE_EVERY steps."""
     import tensorflow as tf
+    from ray import train
 
     import tfray
-    from ray import train
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()  # Before the worker's first TF op.
     rank = train.get_context().get_world_rank()

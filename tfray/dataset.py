@@ -186,6 +186,11 @@ class Dataset(dataset_ops.DatasetSource):
         Args:
             fn: a generator function ``fn(shard)`` yielding batches (the forms
                 ``from_refs`` takes). It runs on Ray workers: it must pickle.
+                One that also takes ``start`` (``fn(shard, start=0)``, the
+                index of the shard's first batch to yield) lets an epoch
+                restored from a checkpoint begin each shard where it was;
+                any other is run from the shard's start and its batches
+                before that point are dropped in its producer.
             shards: an int N (shards ``0..N-1``) or a list of per-shard arguments.
             element_spec: see :class:`Dataset`. When None, the first epoch's
                 producers start at construction and the first batch gives the
@@ -273,7 +278,10 @@ class Dataset(dataset_ops.DatasetSource):
 
         Args:
             fn: ``fn(shard)`` returning a ``tf.data.Dataset`` whose elements are
-                batches. It runs on Ray workers: it must pickle.
+                batches. It runs on Ray workers: it must pickle. One that
+                also takes ``start`` (``fn(shard, start=0)``) builds the
+                pipeline from element ``start`` on, for an epoch restored
+                from a checkpoint; any other gets tf.data's ``skip``.
             shards: an int N (shards ``0..N-1``) or a list of per-shard
                 arguments (e.g. lists of file names).
             element_spec: see :class:`Dataset`; None: the pipeline's own.

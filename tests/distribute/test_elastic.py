@@ -96,7 +96,14 @@ def _restored_job(fn, n, path, dynamic=None):
 
 @pytest.mark.parametrize(
     ("before", "after", "steps", "dynamic"),
-    [(3, 2, 4, None), (2, 3, 5, None), (3, 3, 3, None), (2, 1, 6, None), (3, 2, 4, "elastic-a"), (2, 3, 5, "elastic-b")],
+    [
+        (3, 2, 4, None),
+        (2, 3, 5, None),
+        (3, 3, 3, None),
+        (2, 1, 6, None),
+        (3, 2, 4, "elastic-a"),
+        (2, 3, 5, "elastic-b"),
+    ],
 )
 def test_every_batch_once_across_an_elastic_restore(ray_session, tmp_path, before, after, steps, dynamic):
     saving, restored = tmp_path / "saving", tmp_path / "restored"

@@ -111,7 +111,6 @@ def test_progress_of_a_shard_the_dataset_lacks_is_refused():
         resume.plan([0, 1, 2], 2, progress, in_order=True)
 
 
-
 def test_progress_of_another_workers_share_is_told_apart():
     progress = Progress({0: (3, 2), 2: (1, 1)}, {})
     assert resume.of_another_share(progress, [1, 3], 4)

@@ -22,10 +22,12 @@ an item replaces what its index recorded there before, so a job started
 afresh writes over its predecessor's generation of the same name.
 """
 
+import asyncio
 import collections
-import logging
 import sys
+import time
 import uuid
+
 import ray
 from ray import cloudpickle
 
@@ -37,11 +39,12 @@ from tfray._internal.runtime.streams import Wrapped
 # By value, as coordinator.py: the actor's process never imports tfray.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-logger = logging.getLogger("tfray")
-
 NAMESPACE = "tfray"
 # Generations kept: a restore names one of the recent ones.
 _GENERATIONS_KEPT = 64
+# A JobPosition no worker has called for this long ends itself: long enough
+# for a preempted job to come back.
+IDLE_S = 24 * 3600.0
 
 
 class _Generation:
@@ -110,8 +113,22 @@ class JobPosition:
     its state needs no lock.
     """
 
-    def __init__(self):
+    def __init__(self, idle_s):
         self._generations = collections.OrderedDict()  # name -> _Generation.
+        self._idle_s = idle_s
+        self._last_call = None  # time.monotonic() of the latest call; None before the first.
+
+    def _touch(self):
+        if self._last_call is None:  # The first call: the actor's loop runs.
+            asyncio.get_running_loop().create_task(self._exit_when_idle())
+        self._last_call = time.monotonic()
+
+    async def _exit_when_idle(self):
+        # Detached (it must outlive the job's workers), so it ends itself
+        # once none has called for idle_s.
+        while time.monotonic() - self._last_call < self._idle_s:
+            await asyncio.sleep(min(self._idle_s, 60.0))
+        ray.actor.exit_actor()
 
     async def begin(self, name, parent=None, position=0):
         """Makes generation ``name`` (if new); from ``parent`` at ``position``, or afresh.
@@ -119,6 +136,7 @@ class JobPosition:
         Returns the job's position it begins at, or None if ``parent`` (or
         where it began) is not known.
         """
+        self._touch()
         if name not in self._generations:
             if parent is None:
                 base = {}
@@ -132,19 +150,19 @@ class JobPosition:
         return self._generations[name].base
 
     async def record(self, name, worker, at, runs):
+        self._touch()
         self._generations[name].record(worker, at, runs)
 
     async def at(self, name, position):
         """The job's position in generation ``name`` at ``position``, or None if it is unknown."""
+        self._touch()
         generation = self._generations.get(name)
         return None if generation is None else generation.at(position)
 
 
 def connect(name):
     """The JobPosition named ``name``, made by the first worker to ask."""
-    return JobPosition.options(
-        name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached"
-    ).remote()
+    return JobPosition.options(name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached").remote(IDLE_S)
 
 
 class Client:

@@ -49,7 +49,7 @@ class Bundle:
     (a resumed shard's first bundle holds the rest of one).
     """
 
-    __slots__ = ("shard", "offset")
+    __slots__ = ("offset", "shard")
 
     def __init__(self, shard, offset=0):
         self.shard = shard

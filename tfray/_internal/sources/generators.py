@@ -180,11 +180,11 @@ class GeneratorShards(BundledRefs):
 
     ``shard_numbers`` label each shard's batches (default 0, 1, ...): the
     units a checkpoint counts. Its refs are bundles (bundles.py):
-    ``deterministic`` takes turns a bundle at a time. ``resume``: a
+    ``deterministic`` takes turns a bundle at a time. ``plan``: a
     resume.Plan, for an epoch restored from a checkpoint; ``asks_start``:
-    whether ``fn`` takes ``start=`` (producer.run_shard). ``inflight`` (inflight.py) gives each producer its backpressure
-    as it starts, within ``share_bytes`` of the store, and learns from the
-    epoch's first bundle.
+    whether ``fn`` takes ``start=`` (producer.run_shard). ``inflight``
+    (inflight.py) gives each producer its backpressure as it starts, within
+    ``share_bytes`` of the store, and learns from the epoch's first bundle.
     """
 
     def __init__(
@@ -201,7 +201,7 @@ class GeneratorShards(BundledRefs):
         name,
         placement_timeout_s,
         shard_numbers=None,
-        resume=None,
+        plan=None,
         asks_start=False,
     ):
         self._inflight = inflight
@@ -216,9 +216,9 @@ class GeneratorShards(BundledRefs):
         self._shards = list(shards)
         self._numbers = list(range(len(self._shards)) if shard_numbers is None else shard_numbers)
         # Shard indexes to start, in order, as running ones end.
-        self._pending = collections.deque(range(len(self._shards)) if resume is None else resume.pending)
-        self._starts = {} if resume is None else dict(resume.starts)  # Shard index -> resume.Start.
-        self._offsets = {} if resume is None else dict(resume.offsets)  # For its first bundle's label.
+        self._pending = collections.deque(range(len(self._shards)) if plan is None else plan.pending)
+        self._starts = {} if plan is None else dict(plan.starts)  # Shard index -> resume.Start.
+        self._offsets = {} if plan is None else dict(plan.offsets)  # For its first bundle's label.
         self._asks_start = asks_start
         self._labels = {}  # Shard index -> its Shard, which labels its batches.
         self._running = []  # (shard index, generator), in rotation order.
@@ -233,12 +233,12 @@ class GeneratorShards(BundledRefs):
         self._placement = placement.Placement(producers_on, ray_remote_args, name)
         self._watch = placement.Watch(name, ray_remote_args, placement_timeout_s)
         self._progress_at = time.monotonic()  # When a producer was last found ready.
-        if resume is None:
+        if plan is None:
             for _ in range(min(concurrency, len(self._pending))):
                 self._running.append(self._start_next())
         else:
-            self._running = [self._start(shard) for shard in resume.running]
-            self._turn = resume.turn
+            self._running = [self._start(shard) for shard in plan.running]
+            self._turn = plan.turn
         self.done = not self._running
 
     def take(self, n, timeout):
@@ -539,14 +539,14 @@ class GeneratorSource(Source):
         ``progress`` (a runtime.progress.Progress): where a restored epoch
         starts the shard.
         """
-        number, resumed = self._numbers[unit], None
+        number, plan = self._numbers[unit], None
         if progress is not None and number in progress.units:
-            own = Progress({number: progress.units[number]}, {number: progress.partial[number]} if number in progress.partial else {})
-            resumed = resume.plan([number], 1, own, in_order=False)
-        return self._producer(unit, self._inflight, resumed)
+            partial = {number: progress.partial[number]} if number in progress.partial else {}
+            plan = resume.plan([number], 1, Progress({number: progress.units[number]}, partial), in_order=False)
+        return self._producer(unit, self._inflight, plan)
 
-    def _producer(self, number, per_producer, resumed=None):
-        """The ref stream of shard ``number`` alone (from where ``resumed``, a resume.Plan, starts it)."""
+    def _producer(self, number, per_producer, plan=None):
+        """The ref stream of shard ``number`` alone (from where ``plan``, a resume.Plan, starts it)."""
         return GeneratorShards(
             self._fn,
             [self._shards[number]],
@@ -559,7 +559,7 @@ class GeneratorSource(Source):
             name=self._name(),
             placement_timeout_s=self._placement_timeout_s,
             shard_numbers=[self._numbers[number]],
-            resume=resumed,
+            plan=plan,
             asks_start=self._asks_start,
         )
 
@@ -582,12 +582,12 @@ class GeneratorSource(Source):
             session_actor=self._session_actor,
         )
 
-    def _start(self, resume=None):
+    def _start(self, plan=None):
         return GeneratorShards(
             self._fn,
             self._shards,
             shard_numbers=self._numbers,
-            resume=resume,
+            plan=plan,
             asks_start=self._asks_start,
             inflight=self._inflight,
             share_bytes=self._share(),

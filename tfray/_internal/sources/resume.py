@@ -95,9 +95,7 @@ def plan(numbers, concurrency, progress, *, in_order):
         if done:
             offsets[index] = done
     if not in_order:
-        order = [i for i in range(len(numbers)) if i in starts] + [
-            i for i in range(len(numbers)) if i not in starts
-        ]
+        order = [i for i in range(len(numbers)) if i in starts] + [i for i in range(len(numbers)) if i not in starts]
         running = order[:concurrency]
         return Plan(running, 0, order[len(running) :], starts, offsets)
     running, turn, pending = _rotation(numbers, concurrency, units)
