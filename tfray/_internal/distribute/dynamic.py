@@ -96,12 +96,11 @@ class DynamicSource(Source):
                 "model and start a new epoch, or read the refs from producers "
                 "(from_generators).",
             )
-        unit_refs, begun = self._whole.unit_refs, None
+        unit_refs = self._whole.unit_refs
         if skip:
             generation, units = self._position.open(restored, skip, must_know=True)
             progress = position.progress_of(units, set(range(self._num_units)))
-            begun = sorted(progress.units)
-            order = begun + [u for u in range(self._num_units) if u not in progress.units]
+            order = sorted(progress.units) + [u for u in range(self._num_units) if u not in progress.units]
             epoch = self.client.begin(generation, order)
             unit_refs = functools.partial(unit_refs, progress=progress)
         else:
