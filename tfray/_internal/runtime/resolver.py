@@ -98,20 +98,22 @@ class RefResolver:
         return items
 
     def _ready_prefix(self, timeout):
-        # One call when the window is resolved (the common case); every Ray
-        # call releases and retakes the GIL, slow when it is contended.
-        unique = list(dict.fromkeys([ref for _, ref in self._window]))
-        done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
+        """The head's run of the window (a bundle's batches share a ref) once it is local; [] if not yet.
+
+        Ray is asked to fetch the head alone. Asked for the whole window at
+        every poll, it pulled, restored or received objects nobody had taken
+        yet, and in a full store such an unpinned copy is the first evicted:
+        spilled batches came back from disk and went again, over and over.
+        In order, one at a time (as Ray's own loop of ``ray.get`` does), each
+        comes back once and is pinned by the get that takes it.
+        """
         head = self._window[0][1]
-        if head not in set(done):
-            if not ray_api.poll([head], timeout, pace=self._pace):  # Never blocks in Ray (ray_api).
-                return []
-            done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
-        done = set(done)
-        self._all_ready = len(done) == len(unique)
+        if not ray_api.poll([head], timeout, pace=self._pace):  # Never blocks in Ray (ray_api).
+            return []
         ready = []
-        while self._window and self._window[0][1] in done:
+        while self._window and self._window[0][1] == head:
             ready.append(self._window.popleft())
+        self._all_ready = True  # The next call tries the rest in one get.
         return ready
 
     def _resolve(self, ready):
