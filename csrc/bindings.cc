@@ -52,6 +52,7 @@ py::dict StatsDict(const ChannelStats& s) {
   d["consumer_wait_s"] = s.consumer_wait_ns * 1e-9;
   d["producer_wait_s"] = s.producer_wait_ns * 1e-9;
   d["queued"] = s.queued;
+  d["bytes_held"] = s.bytes_held;
   d["active_s"] = s.active_ns * 1e-9;
   d["closed"] = s.closed;
   d["cancelled"] = s.cancelled;
@@ -171,6 +172,9 @@ PYBIND11_MODULE(_native, m) {
           "consumer_wait_s",
           [](Channel& self) { return self.Stats().consumer_wait_ns * 1e-9; },
           "stats()['consumer_wait_s'] alone: the feeder reads it every turn.")
+      .def_property_readonly(
+          "bytes_held", &Channel::bytes_held,
+          "stats()['bytes_held'] alone, without the channel's lock.")
       .def_property_readonly("items_taken", &Channel::items_taken,
                              "Batches and errors TF has taken, in push order.")
       .def_property("resume_info", &Channel::resume_info,

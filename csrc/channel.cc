@@ -146,6 +146,7 @@ Channel::PopResult Channel::Pop(Batch* batch, Code* code,
     *message = std::move(item.message);
     return PopResult::kError;
   }
+  if (item.batch.token) item.batch.token->Hold(held_, item.bytes_in_store);
   *batch = std::move(item.batch);
   return PopResult::kBatch;
 }
@@ -213,6 +214,7 @@ ChannelStats Channel::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   ChannelStats s = stats_;
   s.queued = static_cast<int64_t>(items_.size());
+  s.bytes_held = bytes_held();
   s.closed = closed_;
   s.cancelled = cancelled_;
   return s;

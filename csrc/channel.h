@@ -46,13 +46,31 @@ class ReleaseToken {
  public:
   ReleaseToken(std::shared_ptr<ReleaseQueue> queue, uint64_t id)
       : queue_(std::move(queue)), id_(id) {}
-  ~ReleaseToken() { queue_->Release(id_); }
+  ~ReleaseToken() {
+    if (held_) held_->fetch_sub(held_bytes_, std::memory_order_relaxed);
+    queue_->Release(id_);
+  }
   ReleaseToken(const ReleaseToken&) = delete;
   ReleaseToken& operator=(const ReleaseToken&) = delete;
+
+  // Adds `bytes` to `held` until the token goes: the batch's store bytes
+  // TensorFlow holds, counted by the first channel to deliver it (a
+  // replayed batch is delivered again, but pinned once).
+  void Hold(const std::shared_ptr<std::atomic<int64_t>>& held, int64_t bytes) {
+    if (bytes <= 0 || holding_.exchange(true)) return;
+    held_ = held;
+    held_bytes_ = bytes;
+    held->fetch_add(bytes, std::memory_order_relaxed);
+  }
 
  private:
   std::shared_ptr<ReleaseQueue> queue_;
   uint64_t id_;
+  std::atomic<bool> holding_{false};
+  // Set once by Hold, read by the destructor: the last owner's release
+  // orders the two.
+  std::shared_ptr<std::atomic<int64_t>> held_;
+  int64_t held_bytes_ = 0;
 };
 
 // Whether memory at `data` may back a tensor as it is: TensorFlow's kernels
@@ -144,6 +162,9 @@ struct ChannelStats {
   int64_t consumer_wait_ns = 0;  // GetNext waiting on an empty channel.
   int64_t producer_wait_ns = 0;  // Feeder waiting on a full channel.
   int64_t queued = 0;
+  // Store bytes of delivered batches that TensorFlow still holds (a
+  // shuffle buffer, a cache, tensors kept): each pins its Ray object.
+  int64_t bytes_held = 0;
   // From the channel's creation (the iterator's) to the last Pop's return:
   // the span of the epoch the consumer saw.
   int64_t active_ns = 0;
@@ -208,6 +229,8 @@ class Channel {
   // Lets the producer adapt how far ahead it may run (its look-ahead).
   void SetCapacity(size_t capacity);
   ChannelStats Stats() const;
+  // ChannelStats::bytes_held alone, without the lock.
+  int64_t bytes_held() const { return held_->load(std::memory_order_relaxed); }
 
  private:
   struct Item {
@@ -246,6 +269,10 @@ class Channel {
   std::string resume_info_;  // Guarded by mu_.
   int64_t items_taken_ = 0;  // Guarded by mu_.
   ChannelStats stats_;      // Guarded by mu_.
+  // Delivered batches' store bytes not yet released (ReleaseToken::Hold);
+  // shared with their tokens, which may outlive the channel.
+  const std::shared_ptr<std::atomic<int64_t>> held_ =
+      std::make_shared<std::atomic<int64_t>>(0);
 };
 
 // The batches of one epoch as they were pushed, kept so that later epochs

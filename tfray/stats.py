@@ -49,6 +49,11 @@ class IteratorStats:
             ``placement_timeout_s`` fails the epoch instead.
         unplaced_s: how long they have waited, from the epoch's last
             progress (0 when none waits).
+        bytes_held: store bytes of this iterator's delivered batches that
+            TensorFlow still holds (a shuffle buffer, a ``cache()``,
+            tensors kept): each pins its Ray object. Held past
+            ``object_store_bytes``, the epoch reads from disk (``verdict``).
+        object_store_bytes: this node's object-store capacity (0: unknown).
     """
 
     batches: int
@@ -70,6 +75,8 @@ class IteratorStats:
     cancelled: bool
     producers_unplaced: int = 0
     unplaced_s: float = 0.0
+    bytes_held: int = 0
+    object_store_bytes: int = 0
 
     def verdict(self):
         """One line saying what bounded this epoch, for a training log.
@@ -82,6 +89,12 @@ class IteratorStats:
             return (
                 f"waiting for a node: {self.producers_unplaced} producer(s) cannot be placed "
                 f"({self.unplaced_s:.0f} s so far; see the warning logged)"
+            )
+        if self.object_store_bytes and self.bytes_held >= self.object_store_bytes:
+            return (
+                f"store full: TensorFlow holds {self.bytes_held / 2**20:.0f} MB of these batches, more than "
+                f"the {self.object_store_bytes / 2**20:.0f} MB object store: the epoch reads from disk "
+                "(see the warning logged)"
             )
         if self.active_s <= 0:
             return "idle: TensorFlow has not read from this iterator"

@@ -154,10 +154,15 @@ class Feeder:
             the epoch is in the channel, unless the epoch was cancelled; it
             must return promptly (the registry posts a notice).
         name: the dataset this epoch is of, for messages.
+        store: the dataset's StoreWatch (store_watch.py), told per window
+            what TensorFlow holds of this epoch; None: not watched.
     """
 
-    def __init__(self, stream, channel, checks, *, pins, recorder=None, on_end=None, name="tfray.Dataset"):
+    def __init__(
+        self, stream, channel, checks, *, pins, recorder=None, on_end=None, name="tfray.Dataset", store=None
+    ):
         self._pins = pins
+        self._store = store
         self.done = threading.Event()
         self._name = name
         self._on_end = on_end
@@ -172,6 +177,11 @@ class Feeder:
     @property
     def channel(self):
         return self._channel
+
+    @property
+    def store_capacity(self):
+        """This node's object-store bytes, for stats(); 0 if unknown or not watched."""
+        return (self._store and self._store.capacity) or 0
 
     @property
     def unplaced(self):
@@ -247,6 +257,9 @@ class Feeder:
             lookahead = None  # Fixed: the channel's capacity already says it.
         else:
             self._channel.capacity = self.lookahead = lookahead.limit
+        store = self._store
+        if store is not None:
+            store.start()
         while not self._channel.cancelled:
             items = self._stream.next_ready(_POLL_S)
             self.refs_in_flight = self._stream.in_flight
@@ -254,6 +267,8 @@ class Feeder:
                 return True  # Every batch is in the channel.
             if items and not self._deliver(items, lookahead):
                 return False
+            if store is not None:
+                store.check(self._channel.bytes_held)
             if lookahead is not None:
                 limit = lookahead.update(self._channel.consumer_wait_s)
                 if limit != self.lookahead:

@@ -151,6 +151,22 @@ def session():
         return context.get_node_id(), context.get_job_id()
 
 
+_nodes = _direct(ray.nodes)
+_capacity = {}  # session() -> this node's object-store bytes.
+
+
+def store_capacity():
+    """This node's object-store capacity in bytes (0 if Ray does not say), asked once per session."""
+    key = session()
+    if key not in _capacity:
+        with entered():
+            nodes = _nodes()
+        _capacity[key] = next(
+            (int(n["Resources"].get("object_store_memory", 0)) for n in nodes if n.get("NodeID") == key[0]), 0
+        )
+    return _capacity[key]
+
+
 class Pace:
     """How long a poller's ``poll`` pauses: half of what its last poll that had to wait waited.
 

@@ -39,6 +39,7 @@ from tfray._internal.runtime.feeder import Feeder, Recorder
 from tfray._internal.runtime.progress import Progress
 from tfray._internal.runtime.service import Service
 from tfray._internal.runtime.status import BatchError, Code
+from tfray._internal.runtime.store_watch import StoreWatch
 
 logger = logging.getLogger("tfray")
 
@@ -50,8 +51,9 @@ class SourceEpochs:
     every access holds ``_lock``.
     """
 
-    def __init__(self, source):
+    def __init__(self, source, name="tfray.Dataset"):
         self.source = source
+        self.store = StoreWatch(name)  # Warns once if TensorFlow holds more than the store.
         self._lock = threading.Lock()
         self._began = 0  # Epochs begun: started, taken from an offer, replayed.
         self._offered = None  # The feeder of the epoch offered ahead; until claimed.
@@ -168,7 +170,7 @@ class Registry(Service):
         key = next(self._keys)
         self._lib.register_source(key, source.cardinality, source.capacity)
         with self._lock:
-            self._sources[key] = SourceEpochs(source)
+            self._sources[key] = SourceEpochs(source, _describe(key, source))
         return key
 
     def unregister(self, key):
@@ -294,7 +296,7 @@ class Registry(Service):
             return
         # A second reading of a whole epoch is recorded, to replay.
         record = entry.epochs >= 1 and request.skip == 0
-        feeder = self._feeder(key, source, stream, channel, record=record)
+        feeder = self._feeder(key, entry, stream, channel, record=record)
         entry.began(feeder)
         self._feeders.start(feeder)
 
@@ -342,17 +344,18 @@ class Registry(Service):
             stream = source.open_epoch(deterministic=True, taken=lambda: channel.items_taken)
         except BatchError:  # Ray went: the next iterator hears it from _start_epoch.
             return
-        feeder = self._feeder(key, source, stream, channel, record=True)
+        feeder = self._feeder(key, entry, stream, channel, record=True)
         if entry.offer(feeder, lambda: self._lib.offer_epoch(key, channel)):
             self._feeders.start(feeder)
         else:  # The source is gone meanwhile.
             stream.close()
 
-    def _feeder(self, key, source, stream, channel, *, record=False):
-        """A feeder of ``stream`` into ``channel`` that posts its epoch's end to the dispatcher.
+    def _feeder(self, key, entry, stream, channel, *, record=False):
+        """A feeder of ``stream`` into ``channel`` (an epoch of ``entry``'s source) that posts its end to the dispatcher.
 
         ``record``: it records the epoch, to replay, if the source allows.
         """
+        source = entry.source
         bounds = source.replay_bounds() if record else None
         alignment = self._lib.TENSOR_ALIGNMENT
         checks = Checks(source.flat_spec, source.flat_spec.native(self._lib, alignment), alignment)
@@ -364,6 +367,7 @@ class Registry(Service):
             recorder=None if bounds is None else Recorder(self._lib.Recording(), bounds),
             on_end=functools.partial(self._post_ended, key),
             name=_describe(key, source),
+            store=entry.store,
         )
 
     def _post_ended(self, key, feeder):
@@ -377,6 +381,7 @@ class Replayed:
 
     refs_in_flight = 0
     unplaced = None
+    store_capacity = 0  # Its batches are held by the epoch it replays.
 
     def __init__(self, channel):
         self.channel = channel

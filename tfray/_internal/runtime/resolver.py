@@ -11,6 +11,7 @@ so far held, on average.
 """
 
 import collections
+import itertools
 
 from tfray._internal.runtime import decoder, ray_api
 
@@ -32,7 +33,10 @@ class RefResolver:
         # from another node takes as long as its transfer), not at 0.5 ms.
         self._pace = ray_api.Pace()
         self._per_ref = 1.0  # Batches a ref stands for, on average.
-        self._all_ready = True  # Try the whole window in one ray.get (_get_window).
+        # How many refs at the window's head _get_window asks for at once:
+        # all (None), none (0: the next call polls the head) or a span that
+        # doubles with each success after a miss (_get_window).
+        self._span = None
         # Reads objects like those read before without Ray's deserialization (decoder.py).
         self._decoder = decoder.BatchDecoder()
         # Refs that hold several batches say how many, and where a failed one stands.
@@ -58,7 +62,7 @@ class RefResolver:
             self._window.extend(self._refs.take(wanted, 0 if self._window else timeout))
         if not self._window:
             return None if self._refs.done else []
-        items = self._get_window() if self._all_ready else None
+        items = self._get_window() if self._span != 0 else None
         if items is None:
             ready = self._ready_prefix(timeout)
             if not ready:
@@ -75,35 +79,41 @@ class RefResolver:
         self._refs.close()
 
     def _get_window(self):
-        """The whole window's items if every ref in it is ready now; else None.
+        """The items of the window's first ``_span`` refs if every one is ready now; else None.
 
         One Ray call where ``ray.wait`` then ``ray.get`` takes two: each gives
         up the GIL and takes it back, which takes up to a switch interval
-        (5 ms) while another Python thread is busy. Once it finds a ref not
-        ready, it waits until the slow path finds a whole window ready, so
-        that refs on their way (from another node, or spilled) cost no extra
-        call per window.
+        (5 ms) while another Python thread is busy. But a get of a ref that
+        is not local asks Ray to fetch it, and gives up at once: Ray restores
+        or receives the object all the same, and leaves it in the store for
+        nobody, the first to go when the store is full. So after a miss the
+        head is polled alone (_ready_prefix), and the gets grow back from
+        one ref, doubling with each success, to the whole window.
         """
+        span = len(self._window) if self._span is None else min(self._span, len(self._window))
+        taken = list(itertools.islice(self._window, span))
         try:
-            values = ray_api.get_decoded([ref for _, ref in self._window], self._decoder, timeout=0)
+            values = ray_api.get_decoded([ref for _, ref in taken], self._decoder, timeout=0)
         except Exception:  # Not every one ready, or one failed: the slow path says which.
             # But not once Ray is going: a Ray call that its shutdown
             # overtakes ends the process (ray_api).
             if not ray_api.ray_running():
                 raise ray_api.shutdown_error() from None
-            self._all_ready = False
+            self._span = 0
             return None
-        items = [(label, value, None) for (label, _), value in zip(self._window, values)]
-        self._window.clear()
-        return items
+        for _ in range(span):
+            self._window.popleft()
+        if self._span is not None:
+            self._span = None if 2 * self._span >= self.lookahead.limit else 2 * self._span
+        return [(label, value, None) for (label, _), value in zip(taken, values)]
 
     def _ready_prefix(self, timeout):
         """The head's run of the window (a bundle's batches share a ref) once it is local; [] if not yet.
 
-        Ray is asked to fetch the head alone. Asked for the whole window at
+        Ray is asked to fetch the head alone: asked for the whole window at
         every poll, it pulled, restored or received objects nobody had taken
-        yet, and in a full store such an unpinned copy is the first evicted:
-        spilled batches came back from disk and went again, over and over.
+        yet, and in a full store such an unpinned copy is the first evicted,
+        so spilled batches came back from disk and went again, over and over.
         In order, one at a time (as Ray's own loop of ``ray.get`` does), each
         comes back once and is pinned by the get that takes it.
         """
@@ -113,7 +123,7 @@ class RefResolver:
         ready = []
         while self._window and self._window[0][1] == head:
             ready.append(self._window.popleft())
-        self._all_ready = True  # The next call tries the rest in one get.
+        self._span = 1  # The next call gets the next ref, if it is ready.
         return ready
 
     def _resolve(self, ready):

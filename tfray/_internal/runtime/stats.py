@@ -29,6 +29,8 @@ def of_feeder(feeder):
         refs_in_flight=feeder.refs_in_flight,
         lookahead=feeder.lookahead,
         queued=s["queued"],
+        bytes_held=s["bytes_held"],
+        object_store_bytes=feeder.store_capacity,
         get_next_calls=s["get_next_calls"],
         producers_unplaced=0 if unplaced is None else unplaced.producers,
         unplaced_s=0.0 if unplaced is None else time.monotonic() - unplaced.since,
