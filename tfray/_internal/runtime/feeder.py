@@ -252,10 +252,9 @@ class Feeder:
 
     def _feed(self):
         """Feeds the epoch; True if it reached the end, False if cancelled."""
-        lookahead = self._stream.lookahead
-        if lookahead is None or not lookahead.adaptive:
-            lookahead = None  # Fixed: the channel's capacity already says it.
-        else:
+        lookahead = self._stream.lookahead  # Learns the batches' size even when fixed.
+        adaptive = lookahead is not None and lookahead.adaptive
+        if adaptive:  # Fixed: the channel's capacity already says it.
             self._channel.capacity = self.lookahead = lookahead.limit
         store = self._store
         if store is not None:
@@ -268,8 +267,10 @@ class Feeder:
             if items and not self._deliver(items, lookahead):
                 return False
             if store is not None:
-                store.check(self._channel.bytes_held)
-            if lookahead is not None:
+                room = store.check(self._channel.bytes_held)
+                if lookahead is not None:
+                    lookahead.store_room = room
+            if adaptive:
                 limit = lookahead.update(self._channel.consumer_wait_s)
                 if limit != self.lookahead:
                     self._channel.capacity = self.lookahead = limit
@@ -282,7 +283,7 @@ class Feeder:
         item it does not take as it is: an error, a batch to copy or one that
         does not match the spec. From there on, this window's items are
         handled one by one here, with the messages that say what is wrong.
-        ``lookahead``, when it adapts, learns the size of the batches.
+        ``lookahead``, if any, learns the size of the batches.
         """
         if self._checks.native is not None:
             values = [value for _, value, _ in items]

@@ -8,6 +8,16 @@ it read before without Ray's deserialization (decoder.py).
 Where a ref holds several batches (a producer's bundle, streams.py), the
 look-ahead still counts batches: a ref stands for as many as those resolved
 so far held, on average.
+
+Each call asks Ray to fetch the window's refs that are not local (a wait or
+get with ``fetch_local``), and gives the request up at once. Ray restores
+or receives those objects all the same and leaves them in the store for
+nobody: with room, that is how the window's transfers overlap; in a store
+that TensorFlow's pins have filled, such a copy is the first evicted, and
+spilled batches came back from disk and went again, over and over. So the
+calls ask for as many refs as the store has room for (``LookAhead.pulls``):
+there, one at a time, in order, as Ray's own loop of ``ray.get`` does, and
+each comes back once, pinned by the get that takes it.
 """
 
 import collections
@@ -33,10 +43,7 @@ class RefResolver:
         # from another node takes as long as its transfer), not at 0.5 ms.
         self._pace = ray_api.Pace()
         self._per_ref = 1.0  # Batches a ref stands for, on average.
-        # How many refs at the window's head _get_window asks for at once:
-        # all (None), none (0: the next call polls the head) or a span that
-        # doubles with each success after a miss (_get_window).
-        self._span = None
+        self._all_ready = True  # Try the fetched refs in one ray.get (_get_window).
         # Reads objects like those read before without Ray's deserialization (decoder.py).
         self._decoder = decoder.BatchDecoder()
         # Refs that hold several batches say how many, and where a failed one stands.
@@ -62,7 +69,7 @@ class RefResolver:
             self._window.extend(self._refs.take(wanted, 0 if self._window else timeout))
         if not self._window:
             return None if self._refs.done else []
-        items = self._get_window() if self._span != 0 else None
+        items = self._get_window() if self._all_ready else None
         if items is None:
             ready = self._ready_prefix(timeout)
             if not ready:
@@ -78,20 +85,22 @@ class RefResolver:
             self._window.clear()
         self._refs.close()
 
+    def _fetched(self):
+        """How many refs at the window's head a call may ask Ray to fetch (all, unless the store is short)."""
+        batches = self.lookahead.pulls()
+        return len(self._window) if batches is None else max(1, int(batches / self._per_ref))
+
     def _get_window(self):
-        """The items of the window's first ``_span`` refs if every one is ready now; else None.
+        """The items of the window's fetched refs (``_fetched``) if every one is ready now; else None.
 
         One Ray call where ``ray.wait`` then ``ray.get`` takes two: each gives
         up the GIL and takes it back, which takes up to a switch interval
-        (5 ms) while another Python thread is busy. But a get of a ref that
-        is not local asks Ray to fetch it, and gives up at once: Ray restores
-        or receives the object all the same, and leaves it in the store for
-        nobody, the first to go when the store is full. So after a miss the
-        head is polled alone (_ready_prefix), and the gets grow back from
-        one ref, doubling with each success, to the whole window.
+        (5 ms) while another Python thread is busy. Once it finds a ref not
+        ready, it waits until the slow path finds a whole window ready, so
+        that refs on their way (from another node, or spilled) cost no extra
+        call per window.
         """
-        span = len(self._window) if self._span is None else min(self._span, len(self._window))
-        taken = list(itertools.islice(self._window, span))
+        taken = list(itertools.islice(self._window, self._fetched()))
         try:
             values = ray_api.get_decoded([ref for _, ref in taken], self._decoder, timeout=0)
         except Exception:  # Not every one ready, or one failed: the slow path says which.
@@ -99,31 +108,27 @@ class RefResolver:
             # overtakes ends the process (ray_api).
             if not ray_api.ray_running():
                 raise ray_api.shutdown_error() from None
-            self._span = 0
+            self._all_ready = False
             return None
-        for _ in range(span):
+        for _ in taken:
             self._window.popleft()
-        if self._span is not None:
-            self._span = None if 2 * self._span >= self.lookahead.limit else 2 * self._span
         return [(label, value, None) for (label, _), value in zip(taken, values)]
 
     def _ready_prefix(self, timeout):
-        """The head's run of the window (a bundle's batches share a ref) once it is local; [] if not yet.
-
-        Ray is asked to fetch the head alone: asked for the whole window at
-        every poll, it pulled, restored or received objects nobody had taken
-        yet, and in a full store such an unpinned copy is the first evicted,
-        so spilled batches came back from disk and went again, over and over.
-        In order, one at a time (as Ray's own loop of ``ray.get`` does), each
-        comes back once and is pinned by the get that takes it.
-        """
+        # One call when the window is resolved (the common case); every Ray
+        # call releases and retakes the GIL, slow when it is contended.
+        unique = list(dict.fromkeys([ref for _, ref in self._window]))[: self._fetched()]
+        done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
         head = self._window[0][1]
-        if not ray_api.poll([head], timeout, pace=self._pace):  # Never blocks in Ray (ray_api).
-            return []
+        if head not in set(done):
+            if not ray_api.poll([head], timeout, pace=self._pace):  # Never blocks in Ray (ray_api).
+                return []
+            done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
+        done = set(done)
+        self._all_ready = len(done) == len(unique)
         ready = []
-        while self._window and self._window[0][1] == head:
+        while self._window and self._window[0][1] in done:
             ready.append(self._window.popleft())
-        self._span = 1  # The next call gets the next ref, if it is ready.
         return ready
 
     def _resolve(self, ready):

@@ -37,15 +37,20 @@ class StoreWatch:
             self.capacity = 0
 
     def check(self, held):
-        """Warns, the first time, if ``held`` bytes (one iterator's, TensorFlow holds) fill the store."""
+        """Half the store less ``held`` bytes (one iterator's, TensorFlow holds); None if unknown.
+
+        That is the room its resolver may fetch into (LookAhead.pulls).
+        Warns, the first time, if ``held`` fills the store.
+        """
         capacity = self.capacity
-        if not capacity or held < capacity:
-            return
-        with self._lock:
-            if self._warned:
-                return
-            self._warned = True
-        logger.warning(held_message(self._name, held, capacity))
+        if not capacity:
+            return None
+        if held >= capacity:
+            with self._lock:
+                warn, self._warned = not self._warned, True
+            if warn:
+                logger.warning(held_message(self._name, held, capacity))
+        return capacity // 2 - held
 
 
 def held_message(name, held, capacity):
