@@ -267,9 +267,7 @@ class Feeder:
             if items and not self._deliver(items, lookahead):
                 return False
             if store is not None:
-                room = store.check(self._channel.bytes_held)
-                if lookahead is not None:
-                    lookahead.store_room = room
+                store.check(self._channel.bytes_held, lookahead)
             if adaptive:
                 limit = lookahead.update(self._channel.consumer_wait_s)
                 if limit != self.lookahead:

@@ -35,26 +35,16 @@ class LookAhead:
         self._most = cap
         self._budget = budget_bytes
         self._on_change = on_change
-        self._batch_bytes = 0.0  # Running mean of a batch's size.
+        self.batch_bytes = 0.0  # Running mean of a batch's size (0: none seen).
         self._waited = 0.0
-        # Half the store's bytes less those TensorFlow holds of this epoch
-        # (the feeder sets it per window, from its StoreWatch); None: not known.
-        self.store_room = None
+        # How many batches the resolver may ask Ray to fetch at once (None:
+        # the whole look-ahead); the feeder sets it per window from the
+        # store's room (StoreWatch.check).
+        self.pulls = None
 
     def observe(self, batch_bytes):
         """Records the size of a batch on its way to the consumer."""
-        self._batch_bytes += 0.1 * (batch_bytes - self._batch_bytes) if self._batch_bytes else batch_bytes
-
-    def pulls(self):
-        """How many batches the resolver may ask Ray to fetch at once; None: the whole look-ahead.
-
-        What ``store_room`` holds, at least one: a fetched object nobody has
-        taken yet is the first a full store evicts (resolver.py), and the
-        other half of the store is left to everything else it keeps.
-        """
-        if self.store_room is None or not self._batch_bytes:
-            return None
-        return max(1, int(self.store_room // self._batch_bytes))
+        self.batch_bytes += 0.1 * (batch_bytes - self.batch_bytes) if self.batch_bytes else batch_bytes
 
     def update(self, consumer_wait_s):
         """Adapts to the consumer's total wait so far; returns the limit."""
@@ -70,6 +60,6 @@ class LookAhead:
         return self.limit
 
     def _cap(self):
-        if not self._budget or not self._batch_bytes:
+        if not self._budget or not self.batch_bytes:
             return self._most
-        return max(1, min(self._most, int(self._budget // (2 * self._batch_bytes))))
+        return max(1, min(self._most, int(self._budget // (2 * self.batch_bytes))))

@@ -15,7 +15,7 @@ or receives those objects all the same and leaves them in the store for
 nobody: with room, that is how the window's transfers overlap; in a store
 that TensorFlow's pins have filled, such a copy is the first evicted, and
 spilled batches came back from disk and went again, over and over. So the
-calls ask for as many refs as the store has room for (``LookAhead.pulls``):
+calls ask for as many refs as the store has room for (``LookAhead.pulls``, StoreWatch.check):
 there, one at a time, in order, as Ray's own loop of ``ray.get`` does, and
 each comes back once, pinned by the get that takes it.
 """
@@ -85,13 +85,8 @@ class RefResolver:
             self._window.clear()
         self._refs.close()
 
-    def _fetched(self):
-        """How many refs at the window's head a call may ask Ray to fetch (all, unless the store is short)."""
-        batches = self.lookahead.pulls()
-        return len(self._window) if batches is None else max(1, int(batches / self._per_ref))
-
     def _get_window(self):
-        """The items of the window's fetched refs (``_fetched``) if every one is ready now; else None.
+        """The items of the refs at the window's head it may fetch (``pulls``) if each is ready now; else None.
 
         One Ray call where ``ray.wait`` then ``ray.get`` takes two: each gives
         up the GIL and takes it back, which takes up to a switch interval
@@ -100,7 +95,9 @@ class RefResolver:
         that refs on their way (from another node, or spilled) cost no extra
         call per window.
         """
-        taken = list(itertools.islice(self._window, self._fetched()))
+        pulls = self.lookahead.pulls  # In batches; None: all.
+        fetched = len(self._window) if pulls is None else max(1, int(pulls / self._per_ref))
+        taken = list(itertools.islice(self._window, fetched))
         try:
             values = ray_api.get_decoded([ref for _, ref in taken], self._decoder, timeout=0)
         except Exception:  # Not every one ready, or one failed: the slow path says which.
@@ -117,7 +114,10 @@ class RefResolver:
     def _ready_prefix(self, timeout):
         # One call when the window is resolved (the common case); every Ray
         # call releases and retakes the GIL, slow when it is contended.
-        unique = list(dict.fromkeys([ref for _, ref in self._window]))[: self._fetched()]
+        unique = list(dict.fromkeys([ref for _, ref in self._window]))
+        pulls = self.lookahead.pulls  # As in _get_window.
+        if pulls is not None:
+            del unique[max(1, int(pulls / self._per_ref)) :]
         done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
         head = self._window[0][1]
         if head not in set(done):

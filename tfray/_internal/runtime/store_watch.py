@@ -36,21 +36,25 @@ class StoreWatch:
             logger.debug("tfray: the object store's capacity is unknown", exc_info=True)
             self.capacity = 0
 
-    def check(self, held):
-        """Half the store less ``held`` bytes (one iterator's, TensorFlow holds); None if unknown.
+    def check(self, held, lookahead):
+        """Sets ``lookahead.pulls`` to what the store has room for; warns if ``held`` fills it.
 
-        That is the room its resolver may fetch into (LookAhead.pulls).
-        Warns, the first time, if ``held`` fills the store.
+        ``held``: the store bytes TensorFlow holds of one iterator's batches.
+        Its resolver may fetch into half the store less those, at least one
+        batch at a time: a fetched object nobody has taken yet is the first
+        a full store evicts (resolver.py), and the other half is left to
+        everything else the store keeps. The warning comes once per dataset.
         """
         capacity = self.capacity
         if not capacity:
-            return None
+            return
+        if lookahead is not None and lookahead.batch_bytes:
+            lookahead.pulls = max(1, int((capacity // 2 - held) // lookahead.batch_bytes))
         if held >= capacity:
             with self._lock:
                 warn, self._warned = not self._warned, True
             if warn:
                 logger.warning(held_message(self._name, held, capacity))
-        return capacity // 2 - held
 
 
 def held_message(name, held, capacity):
