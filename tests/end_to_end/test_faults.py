@@ -6,6 +6,7 @@ test_shutdown.py; this module adds what they do not.
 """
 
 import gc
+import logging
 import os
 import signal
 import threading
@@ -62,6 +63,50 @@ def test_refs_worth_twice_the_object_store_are_spilled_and_read_back():
         assert seen == list(range(count))
     assert all(s.finished for s in ds.stats())
     assert store_stats().restored_bytes_total > before.restored_bytes_total
+
+
+def test_a_shuffle_buffer_bigger_than_the_store_restores_each_spilled_batch_about_once(caplog):
+    """TensorFlow holding more batches than the store: the epoch reads each from disk once, and tfray says why.
+
+    A batch TensorFlow holds pins its object; fetches asked of Ray beyond
+    the store's room came back and were evicted again before anyone took
+    them, so the same spilled batches were restored over and over (5x the
+    epoch). Counted, not timed: Ray's restored objects against the batches.
+    """
+    baseline = _settled_baseline()
+
+    @ray.remote
+    def make(i):
+        return np.full(2 * MB // 4, i, np.int32)  # 2 MB, in the store.
+
+    count, buffer = 100, 90  # 200 MB of batches; the buffer holds 180 MB of a 150 MB store.
+    refs = [make.remote(i) for i in range(count)]
+    ray.wait(refs, num_returns=count, fetch_local=False)
+    before = store_stats()
+    source = tfray.Dataset(refs)
+    held = 0
+    seen = []
+    with caplog.at_level(logging.WARNING, logger="tfray"):
+        for batch in source.shuffle(buffer, seed=1):
+            values = batch.numpy()
+            assert values[0] == values[-1]
+            seen.append(int(values[0]))
+            held = max(held, source.stats()[-1].bytes_held)
+    del batch
+    assert sorted(seen) == list(range(count))  # Every batch, once.
+    restored = store_stats().restored_objects_total - before.restored_objects_total
+    assert restored <= 1.2 * count, f"{restored} objects restored from disk for an epoch of {count}"
+    # While the buffer was full, TensorFlow held more than the store, and the
+    # warning said so, once, with the figures.
+    stats = source.stats()[-1]
+    assert stats.object_store_bytes == OBJECT_STORE_BYTES and held >= OBJECT_STORE_BYTES
+    warned = [r.getMessage() for r in caplog.records if "more than this node's object store" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert f"({OBJECT_STORE_BYTES // MB} MB)" in warned[0] and "shuffle buffer" in warned[0]
+    assert source.stats()[-1].bytes_held == 0  # Released with the buffer and the last batch.
+    del refs, source
+    gc.collect()
+    wait_store_back_to(baseline)
 
 
 def test_a_batch_bigger_than_the_whole_store_is_delivered_zero_copy():

@@ -30,6 +30,7 @@ import time
 
 import ray
 import ray.exceptions
+import ray.experimental
 
 from tfray._internal.runtime.status import BatchError, Code, EpochError
 
@@ -151,6 +152,16 @@ def session():
         return context.get_node_id(), context.get_job_id()
 
 
+def spilled(ref):
+    """Whether ``ref``'s object went to disk, as this process knows (its owner does); False if it does not."""
+    with _LOCK:
+        if not ray.is_initialized():
+            raise shutdown_error()
+        info = _local_locations([ref]).get(ref)  # No RPC: the core worker's own table.
+    return bool(info and info.get("did_spill"))
+
+
+_local_locations = ray.experimental.get_local_object_locations
 _nodes = _direct(ray.nodes)
 _capacity = {}  # session() -> this node's object-store bytes.
 

@@ -15,9 +15,10 @@ or receives those objects all the same and leaves them in the store for
 nobody: with room, that is how the window's transfers overlap; in a store
 that TensorFlow's pins have filled, such a copy is the first evicted, and
 spilled batches came back from disk and went again, over and over. So the
-calls ask for as many refs as the store has room for (``LookAhead.pulls``, StoreWatch.check):
-there, one at a time, in order, as Ray's own loop of ``ray.get`` does, and
-each comes back once, pinned by the get that takes it.
+calls ask for as many refs as the store has room for (``LookAhead.pulls``,
+StoreWatch.check), and spilled objects one at a time, in order, as Ray's own
+loop of ``ray.get`` does: each comes back from disk once, pinned by the get
+that takes it.
 """
 
 import collections
@@ -43,7 +44,10 @@ class RefResolver:
         # from another node takes as long as its transfer), not at 0.5 ms.
         self._pace = ray_api.Pace()
         self._per_ref = 1.0  # Batches a ref stands for, on average.
-        self._all_ready = True  # Try the fetched refs in one ray.get (_get_window).
+        self._all_ready = True  # Try the fetchable refs in one ray.get (_get_window).
+        # After a spilled head, how many refs a call may fetch: one, doubling
+        # with each window found local, back to no limit (None) at the look-ahead.
+        self._span = None
         # Reads objects like those read before without Ray's deserialization (decoder.py).
         self._decoder = decoder.BatchDecoder()
         # Refs that hold several batches say how many, and where a failed one stands.
@@ -69,9 +73,10 @@ class RefResolver:
             self._window.extend(self._refs.take(wanted, 0 if self._window else timeout))
         if not self._window:
             return None if self._refs.done else []
-        items = self._get_window() if self._all_ready else None
+        fetchable = self._fetchable()
+        items = self._get_window(fetchable) if self._all_ready else None
         if items is None:
-            ready = self._ready_prefix(timeout)
+            ready = self._ready_prefix(timeout, fetchable)
             if not ready:
                 return []
             items = self._resolve(ready)
@@ -85,8 +90,22 @@ class RefResolver:
             self._window.clear()
         self._refs.close()
 
-    def _get_window(self):
-        """The items of the refs at the window's head it may fetch (``pulls``) if each is ready now; else None.
+    def _fetchable(self):
+        """How many refs at the window's head one call may ask Ray to fetch.
+
+        All of them, but for what the store has room for (``LookAhead.pulls``)
+        and, after a spilled head, ``_span``. Objects on another node come a
+        window at a time, so that their transfers overlap; restores from disk
+        overlap little, and a full store evicts what nobody took yet.
+        """
+        fetchable = len(self._window)
+        pulls = self.lookahead.pulls  # In batches; None: no limit.
+        if pulls is not None:
+            fetchable = min(fetchable, max(1, int(pulls / self._per_ref)))
+        return fetchable if self._span is None else min(fetchable, self._span)
+
+    def _get_window(self, fetchable):
+        """The items of the window's first ``fetchable`` refs if each is ready now; else None.
 
         One Ray call where ``ray.wait`` then ``ray.get`` takes two: each gives
         up the GIL and takes it back, which takes up to a switch interval
@@ -95,9 +114,7 @@ class RefResolver:
         that refs on their way (from another node, or spilled) cost no extra
         call per window.
         """
-        pulls = self.lookahead.pulls  # In batches; None: all.
-        fetched = len(self._window) if pulls is None else max(1, int(pulls / self._per_ref))
-        taken = list(itertools.islice(self._window, fetched))
+        taken = list(itertools.islice(self._window, fetchable))
         try:
             values = ray_api.get_decoded([ref for _, ref in taken], self._decoder, timeout=0)
         except Exception:  # Not every one ready, or one failed: the slow path says which.
@@ -109,18 +126,20 @@ class RefResolver:
             return None
         for _ in taken:
             self._window.popleft()
+        if self._span is not None:
+            self._span = None if 2 * self._span >= self.lookahead.limit else 2 * self._span
         return [(label, value, None) for (label, _), value in zip(taken, values)]
 
-    def _ready_prefix(self, timeout):
+    def _ready_prefix(self, timeout, fetchable):
         # One call when the window is resolved (the common case); every Ray
         # call releases and retakes the GIL, slow when it is contended.
-        unique = list(dict.fromkeys([ref for _, ref in self._window]))
-        pulls = self.lookahead.pulls  # As in _get_window.
-        if pulls is not None:
-            del unique[max(1, int(pulls / self._per_ref)) :]
+        unique = list(dict.fromkeys([ref for _, ref in self._window]))[:fetchable]
         done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
         head = self._window[0][1]
         if head not in set(done):
+            if len(unique) > 1 and ray_api.spilled(head):  # From disk: one at a time (_fetchable).
+                self._span = 1
+                del unique[1:]
             if not ray_api.poll([head], timeout, pace=self._pace):  # Never blocks in Ray (ray_api).
                 return []
             done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
