@@ -54,17 +54,13 @@ class StoreWatch:
             with self._lock:
                 warn, self._warned = not self._warned, True
             if warn:
-                logger.warning(held_message(self._name, held, capacity))
-
-
-def held_message(name, held, capacity):
-    return (
-        f"tfray: {name}: TensorFlow holds {held / _MB:.0f} MB of this dataset's batches, "
-        f"more than this node's object store ({capacity / _MB:.0f} MB). Each batch is a Ray "
-        "object, pinned in the store while any tensor of it lives: in a shuffle buffer, a "
-        "cache(), or tensors your code keeps. Ray now puts the rest of the epoch on disk and "
-        "reads every batch back from there, at the disk's speed. To keep it in memory: a smaller "
-        "shuffle buffer (or shuffle in the producers, before tfray), cache() only what fits, "
-        "or a larger store (ray.init(object_store_memory=...), ray start --object-store-memory). "
-        "stats() shows bytes_held against object_store_bytes."
-    )
+                logger.warning(
+                    f"tfray: {self._name}: TensorFlow holds {held / _MB:.0f} MB of this dataset's batches, "
+                    f"more than this node's object store ({capacity / _MB:.0f} MB). Each batch is a Ray "
+                    "object, pinned in the store while any tensor of it lives: in a shuffle buffer, a "
+                    "cache(), or tensors your code keeps. Ray now puts the rest of the epoch on disk and "
+                    "reads every batch back from there, at the disk's speed. To keep it in memory: a smaller "
+                    "shuffle buffer (or shuffle in the producers, before tfray), cache() only what fits, "
+                    "or a larger store (ray.init(object_store_memory=...), ray start --object-store-memory). "
+                    "stats() shows bytes_held against object_store_bytes."
+                )
