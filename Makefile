@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TF_PACKAGE ?= tensorflow-cpu==2.21.*
 PYTEST_ARGS ?=
 
-.PHONY: venv deps build docs test-docs test test-all test-native test-asan test-compat test-sanitized test-mutants demo demo-quick examples-quick bench bench-images bench-cluster bench-resume clean
+.PHONY: venv deps build docs test-docs test test-all test-native test-asan test-compat test-sanitized test-mutants demo demo-quick examples-quick bench bench-images bench-cluster bench-resume bench-full-store clean
 
 venv: $(PY)
 
@@ -157,8 +157,11 @@ bench-images: build
 # the trainer's (--num-cpus=0, core 0) and an input node (core 1), with a
 # tf.data service worker on core 1 too. One tf.data image pipeline: local
 # tf.data, tf.data service, tfray across the nodes and on the trainer's
-# node, Ray's own loop across them. Needs 2 cores and taskset; about 12
-# minutes; BENCH_ARGS=--quick for 3.
+# node, Ray's own loop across them; then ready batches (1, 12, 38 MB, no
+# producer work), tfray against Ray's own loop. Needs 2 cores and taskset;
+# about 15 minutes; BENCH_ARGS=--quick for 3, "--rows ready" for the ready
+# rows alone, "--link 4gbit" to limit loopback (the link between the
+# nodes) by a token bucket for the run (root, tc).
 bench-cluster: build
 	$(PY) benchmarks/cluster.py --chart benchmarks/cluster.png $(BENCH_ARGS)
 
@@ -169,6 +172,13 @@ bench-cluster: build
 # uninterrupted epoch's. About 4 minutes; BENCH_ARGS=--quick for 1.
 bench-resume: build
 	$(PY) benchmarks/resume.py $(BENCH_ARGS)
+
+# A full object store (benchmarks/full_store.py): 150 batches of 2 MB
+# through shuffle(100) in a 150 MB store, from_refs and from_generators.
+# Ray's restored objects against the batches, every batch once, tfray's
+# warning. About a minute.
+bench-full-store: build
+	$(PY) benchmarks/full_store.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build *.egg-info tfray/_native*.so tfray/_build_info.py .pytest_cache
