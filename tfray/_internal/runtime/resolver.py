@@ -73,7 +73,18 @@ class RefResolver:
             self._window.extend(self._refs.take(wanted, 0 if self._window else timeout))
         if not self._window:
             return None if self._refs.done else []
-        fetchable = self._fetchable()
+        # How many refs at the window's head one call may ask Ray to fetch:
+        # all of them, but for what the store has room for (LookAhead.pulls)
+        # and, after a spilled head, ``_span``. Objects on another node come
+        # a window at a time, so that their transfers overlap; restores from
+        # disk overlap little, and a full store evicts what nobody took yet.
+        # (Inline: this runs every turn, tests/runtime/test_per_window.py.)
+        fetchable = len(self._window)
+        pulls = self.lookahead.pulls  # In batches; None: no limit.
+        if pulls is not None:
+            fetchable = min(fetchable, max(1, int(pulls / self._per_ref)))
+        if self._span is not None:
+            fetchable = min(fetchable, self._span)
         items = self._get_window(fetchable) if self._all_ready else None
         if items is None:
             ready = self._ready_prefix(timeout, fetchable)
@@ -89,20 +100,6 @@ class RefResolver:
         with ray_api.held():  # Dropping refs calls into Ray.
             self._window.clear()
         self._refs.close()
-
-    def _fetchable(self):
-        """How many refs at the window's head one call may ask Ray to fetch.
-
-        All of them, but for what the store has room for (``LookAhead.pulls``)
-        and, after a spilled head, ``_span``. Objects on another node come a
-        window at a time, so that their transfers overlap; restores from disk
-        overlap little, and a full store evicts what nobody took yet.
-        """
-        fetchable = len(self._window)
-        pulls = self.lookahead.pulls  # In batches; None: no limit.
-        if pulls is not None:
-            fetchable = min(fetchable, max(1, int(pulls / self._per_ref)))
-        return fetchable if self._span is None else min(fetchable, self._span)
 
     def _get_window(self, fetchable):
         """The items of the window's first ``fetchable`` refs if each is ready now; else None.
@@ -135,16 +132,18 @@ class RefResolver:
         # call releases and retakes the GIL, slow when it is contended.
         unique = list(dict.fromkeys([ref for _, ref in self._window]))[:fetchable]
         done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
+        done = set(done)
         head = self._window[0][1]
-        if head not in set(done):
-            if len(unique) > 1 and ray_api.spilled(head):  # From disk: one at a time (_fetchable).
+        waited = head not in done
+        if waited:
+            if len(unique) > 1 and ray_api.spilled(head):  # From disk: one at a time (next_ready).
                 self._span = 1
-                del unique[1:]
             if not ray_api.poll([head], timeout, pace=self._pace):  # Never blocks in Ray (ray_api).
                 return []
-            done, _ = ray_api.wait(unique, num_returns=len(unique), timeout=0, fetch_local=True)
-        done = set(done)
-        self._all_ready = len(done) == len(unique)
+            done.add(head)  # What came meanwhile, the next call finds.
+        # A head that had to be waited for is the stream's pace (a producer,
+        # a transfer): the next call asks no get of a window that would fail.
+        self._all_ready = not waited and len(done) == len(unique)
         ready = []
         while self._window and self._window[0][1] in done:
             ready.append(self._window.popleft())
