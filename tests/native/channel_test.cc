@@ -416,6 +416,55 @@ void TestStats() {
   CHECK(s.consumer_wait_ns >= 0 && s.producer_wait_ns >= 0);
 }
 
+// Guards bytes_held: a delivered batch's store bytes count until the last
+// holder of its token lets go, in the channel that delivered it first, and
+// once only (a replay delivers the same token again; it is pinned once).
+void TestBytesHeld() {
+  ClearReleased();
+  auto first = std::make_unique<Channel>(4);
+  Channel again(4);
+  Batch stored = MakeBatch(701, {100, 28});
+  stored.arrays[1].in_store = true;
+  Batch copied = MakeBatch(702, {64});  // Not in the store: holds nothing there.
+  std::vector<Batch> kept = {stored, copied};  // A recording's copies.
+  CHECK(first->Push(std::move(stored), 0) == Channel::PushResult::kOk);
+  CHECK(first->Push(std::move(copied), 0) == Channel::PushResult::kOk);
+  CHECK(first->bytes_held() == 0);  // Queued is not delivered.
+
+  Batch a, b;
+  Code code;
+  std::string message;
+  CHECK(first->Pop(&a, &code, &message) == Channel::PopResult::kBatch);
+  CHECK(first->bytes_held() == 28 && first->Stats().bytes_held == 28);
+  CHECK(first->Pop(&b, &code, &message) == Channel::PopResult::kBatch);
+  CHECK(first->bytes_held() == 28);
+
+  again.Preload(kept, 0);
+  Batch replayed;
+  CHECK(again.Pop(&replayed, &code, &message) == Channel::PopResult::kBatch);
+  CHECK(again.bytes_held() == 0);  // Counted where it was first delivered.
+
+  a = Batch();  // TensorFlow drops its tensor; the recording and replay still hold it.
+  CHECK(first->bytes_held() == 28);
+  kept.clear();
+  replayed = Batch();
+  CHECK(first->bytes_held() == 0);
+  again.Cancel();  // Drops the preloaded copy of the second batch.
+  b = Batch();
+  CHECK(DrainIds(2) == (std::vector<uint64_t>{701, 702}));
+
+  // The counter outlives its channel: a batch let go after the channel is
+  // gone still finds it (ASan would see a use after free).
+  Batch late = MakeBatch(703, {16});
+  late.arrays[0].in_store = true;
+  CHECK(first->Push(std::move(late), 0) == Channel::PushResult::kOk);
+  CHECK(first->Pop(&a, &code, &message) == Channel::PopResult::kBatch);
+  CHECK(first->bytes_held() == 16);
+  first.reset();
+  a = Batch();
+  CHECK(DrainIds(1) == (std::vector<uint64_t>{703}));
+}
+
 // Guards the key -> epoch-request handoff between TF iterators and the
 // Python dispatcher.
 void TestSourceRegistry() {
@@ -648,6 +697,7 @@ int main() {
       {"ReleaseTokenPostsOnceOnLastHolder",
        tfray::TestReleaseTokenPostsOnceOnLastHolder},
       {"Stats", tfray::TestStats},
+      {"BytesHeld", tfray::TestBytesHeld},
       {"SourceRegistry", tfray::TestSourceRegistry},
   };
   int passed = 0;
